@@ -1,0 +1,40 @@
+"""Options a user sets for a tuning session; the defaults are the README's."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+
+class MeasureOptions(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    number: int = Field(default=3, ge=1, description="calls per repeat (raised by min_repeat_ms)")
+    repeat: int = Field(default=5, ge=1, description="timed repeats; the median is the cost")
+    min_repeat_ms: float = Field(default=20.0, ge=0, description="a repeat lasts at least this long")
+    timeout: float = Field(default=10.0, gt=0, description="seconds before a run is killed")
+    build_timeout: float = Field(default=30.0, gt=0, description="seconds before a build is abandoned")
+    enable_cpu_cache_flush: bool = False
+    cooldown_ms: float = Field(default=0.0, ge=0)
+    n_parallel: int = Field(default=0, ge=0, description="build processes; 0 means one per core")
+    threads: int = Field(default=1, ge=1, le=256, description="threads each kernel runs with")
+
+
+class TuningOptions(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    n_trials: int = Field(default=64, ge=1)
+    early_stopping: int | None = Field(default=None, ge=1)
+    batch_size: int = Field(default=16, ge=1)
+    tuner: Literal["random", "grid"] = "random"
+    timeout_s: float | None = Field(default=None, gt=0, description="wall-clock budget")
+    top_k_remeasure: int = Field(default=3, ge=0)
+    seed: int = 0
+    measure: MeasureOptions = MeasureOptions()
+
+    @model_validator(mode="after")
+    def _batch_fits(self) -> TuningOptions:
+        if self.batch_size > self.n_trials:
+            return self.model_copy(update={"batch_size": self.n_trials})
+        return self

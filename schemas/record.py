@@ -1,0 +1,28 @@
+"""One row of the tuning log."""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from schemas.config import Config
+from schemas.measure import MeasureResult
+from schemas.task import TuningTask
+
+SCHEMA_VERSION = 1
+
+
+class TuningRecord(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    schema_version: int = SCHEMA_VERSION
+    tunaflow_version: str
+    session_id: str
+    trial: int = Field(ge=0)
+    tuner: str
+    target_key: str
+    task_signature: str
+    task: TuningTask
+    template_version: int = Field(ge=1)
+    config: Config
+    result: MeasureResult
+    gflops: float = Field(ge=0)

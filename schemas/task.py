@@ -1,0 +1,92 @@
+"""A tuning task: one workload (op kind, shapes, attributes, fused epilogue).
+
+Two tasks with equal content share a signature, whatever the order of their dict keys, so a
+log written for one model is found again for another that holds the same layer.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+OpKind = Literal["matmul", "dense", "batch_matmul", "conv2d"]
+DType = Literal["float32"]
+EpilogueKind = Literal[
+    "bias", "scale_shift", "relu", "clip", "leaky_relu", "sigmoid", "tanh", "gelu", "residual_add"
+]
+
+
+class TensorSpec(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    shape: tuple[int, ...]
+    dtype: DType = "float32"
+
+    @field_validator("shape")
+    @classmethod
+    def _positive(cls, v: tuple[int, ...]) -> tuple[int, ...]:
+        if not v or any(d <= 0 for d in v):
+            raise ValueError(f"every dimension must be a positive integer, got {list(v)}")
+        return v
+
+    @property
+    def size(self) -> int:
+        return math.prod(self.shape)
+
+
+class EpilogueOp(BaseModel):
+    """One element-wise op fused after the anchor op, e.g. `clip` with min/max."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    kind: EpilogueKind
+    attrs: dict[str, float] = Field(default_factory=dict)
+
+
+class TuningTask(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    op: OpKind
+    inputs: tuple[TensorSpec, ...] = Field(min_length=1)
+    outputs: tuple[TensorSpec, ...] = Field(min_length=1)
+    attrs: dict[str, int | float | str | bool | tuple[int, ...]] = Field(default_factory=dict)
+    epilogue: tuple[EpilogueOp, ...] = ()
+
+    @property
+    def signature(self) -> str:
+        canonical = json.dumps(self.model_dump(mode="json"), sort_keys=True, separators=(",", ":"))
+        return hashlib.sha256(canonical.encode()).hexdigest()[:16]
+
+    @property
+    def description(self) -> str:
+        shapes = ",".join("x".join(map(str, t.shape)) for t in self.inputs)
+        epi = "+".join(e.kind for e in self.epilogue)
+        return f"{self.op}({shapes})" + (f"+{epi}" if epi else "")
+
+    @property
+    def flops(self) -> int:
+        """Multiply-adds counted as two FLOPs; epilogues are not counted."""
+        if self.op in ("matmul", "dense"):
+            m, k = self.inputs[0].shape
+            n = self.outputs[0].shape[-1]
+            return 2 * m * n * k
+        if self.op == "batch_matmul":
+            k = self.inputs[0].shape[-1]
+            return 2 * self.outputs[0].size * k
+        if self.op == "conv2d":
+            w = self.inputs[1].shape
+            return 2 * self.outputs[0].size * w[1] * w[2] * w[3]
+        raise ValueError(f"no FLOP count for op {self.op!r}")
+
+
+def matmul_task(m: int, n: int, k: int) -> TuningTask:
+    """C[m, n] = A[m, k] @ B[k, n], float32."""
+    return TuningTask(
+        op="matmul",
+        inputs=(TensorSpec(shape=(m, k)), TensorSpec(shape=(k, n))),
+        outputs=(TensorSpec(shape=(m, n)),),
+    )

@@ -1,0 +1,1 @@
+"""The real work, as plain Python: nothing in here imports Prefect."""

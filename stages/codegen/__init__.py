@@ -1,0 +1,1 @@
+"""LLVM code generation shared by every template: loops, harness, compile, load."""

@@ -1,0 +1,105 @@
+"""Small IR-building helpers: types, constant folding of i64 arithmetic, counted loops."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+from llvmlite import ir
+
+I1 = ir.IntType(1)
+I32 = ir.IntType(32)
+I64 = ir.IntType(64)
+F32 = ir.FloatType()
+F64 = ir.DoubleType()
+F32P = F32.as_pointer()
+VOIDP = ir.IntType(8).as_pointer()
+
+
+def i64(v: int) -> ir.Constant:
+    return ir.Constant(I64, v)
+
+
+def vec(lanes: int) -> ir.VectorType:
+    return ir.VectorType(F32, lanes)
+
+
+def const_value(v: ir.Value) -> int | None:
+    return v.constant if isinstance(v, ir.Constant) and isinstance(v.constant, int) else None
+
+
+def add(b: ir.IRBuilder, x: ir.Value, y: ir.Value) -> ir.Value:
+    cx, cy = const_value(x), const_value(y)
+    if cx is not None and cy is not None:
+        return i64(cx + cy)
+    if cx == 0:
+        return y
+    if cy == 0:
+        return x
+    return b.add(x, y)
+
+
+def mul(b: ir.IRBuilder, x: ir.Value, y: ir.Value) -> ir.Value:
+    cx, cy = const_value(x), const_value(y)
+    if cx is not None and cy is not None:
+        return i64(cx * cy)
+    if cx == 1:
+        return y
+    if cy == 1:
+        return x
+    if cx == 0 or cy == 0:
+        return i64(0)
+    return b.mul(x, y)
+
+
+def smin(b: ir.IRBuilder, x: ir.Value, y: ir.Value) -> ir.Value:
+    cx, cy = const_value(x), const_value(y)
+    if cx is not None and cy is not None:
+        return i64(min(cx, cy))
+    return b.select(b.icmp_signed("<", x, y), x, y)
+
+
+def gep(b: ir.IRBuilder, ptr: ir.Value, offset: ir.Value) -> ir.Value:
+    if const_value(offset) == 0:
+        return ptr
+    return b.gep(ptr, [offset], inbounds=True)
+
+
+@contextmanager
+def for_range(b: ir.IRBuilder, start: ir.Value, stop: ir.Value, step: int = 1,
+              name: str = "i") -> Iterator[ir.Value]:
+    """`for (i = start; i < stop; i += step)`; the builder ends positioned after the loop."""
+    pre = b.block
+    header = b.append_basic_block(f"{name}.head")
+    body = b.append_basic_block(f"{name}.body")
+    done = b.append_basic_block(f"{name}.done")
+    b.branch(header)
+    b.position_at_end(header)
+    idx = b.phi(I64, name=name)
+    idx.add_incoming(start, pre)
+    b.cbranch(b.icmp_signed("<", idx, stop), body, done)
+    b.position_at_end(body)
+    yield idx
+    nxt = b.add(idx, i64(step), name=f"{name}.next")
+    idx.add_incoming(nxt, b.block)
+    b.branch(header)
+    b.position_at_end(done)
+
+
+def splat(b: ir.IRBuilder, scalar: ir.Value, lanes: int) -> ir.Value:
+    v = b.insert_element(ir.Constant(vec(lanes), ir.Undefined), scalar, ir.Constant(I32, 0))
+    return b.shuffle_vector(v, ir.Constant(vec(lanes), ir.Undefined), ir.Constant(ir.VectorType(I32, lanes), [0] * lanes))
+
+
+def intrinsic(module: ir.Module, name: str, ret: ir.Type, args: list[ir.Type]) -> ir.Function:
+    fn = module.globals.get(name)
+    if fn is None:
+        fn = ir.Function(module, ir.FunctionType(ret, args), name=name)
+    return fn
+
+
+def fma(b: ir.IRBuilder, x: ir.Value, y: ir.Value, z: ir.Value) -> ir.Value:
+    ty = x.type
+    lanes = ty.count if isinstance(ty, ir.VectorType) else 0
+    name = f"llvm.fma.v{lanes}f32" if lanes else "llvm.fma.f32"
+    return b.call(intrinsic(b.module, name, ty, [ty, ty, ty]), [x, y, z])

@@ -1,0 +1,81 @@
+"""Schedule spaces declared as knobs (AutoTVM style) with a validity rule that gives reasons."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+
+from schemas.config import Config
+
+Knobs = dict[str, int | str]
+
+
+class InvalidConfig(ValueError):
+    """A knob assignment the template cannot generate; the message says why."""
+
+
+@dataclass(frozen=True)
+class Knob:
+    name: str
+    choices: tuple[int | str, ...]
+
+
+@dataclass(frozen=True)
+class ConfigSpace:
+    knobs: tuple[Knob, ...]
+    rule: Callable[[Knobs], str | None]
+
+    @property
+    def size(self) -> int:
+        """Number of knob combinations, valid or not."""
+        return math.prod(len(k.choices) for k in self.knobs)
+
+    def knobs_at(self, index: int) -> Knobs:
+        if not 0 <= index < self.size:
+            raise InvalidConfig(f"index {index} is outside the space (size {self.size})")
+        out: Knobs = {}
+        for knob in reversed(self.knobs):
+            index, pos = divmod(index, len(knob.choices))
+            out[knob.name] = knob.choices[pos]
+        return {k.name: out[k.name] for k in self.knobs}
+
+    def index_of(self, knobs: Knobs) -> int:
+        index = 0
+        for knob in self.knobs:
+            if knob.name not in knobs:
+                raise InvalidConfig(f"knob {knob.name!r} is missing")
+            if knobs[knob.name] not in knob.choices:
+                raise InvalidConfig(f"knob {knob.name}={knobs[knob.name]!r} is not one of {list(knob.choices)}")
+            index = index * len(knob.choices) + knob.choices.index(knobs[knob.name])
+        return index
+
+    def reason(self, knobs: Knobs) -> str | None:
+        """Why this assignment is invalid, or None when it is valid."""
+        extra = sorted(set(knobs) - {k.name for k in self.knobs})
+        if extra:
+            return f"unknown knob(s) {extra}"
+        try:
+            self.index_of(knobs)
+        except InvalidConfig as exc:
+            return str(exc)
+        return self.rule(knobs)
+
+    def config(self, index: int) -> Config:
+        knobs = self.knobs_at(index)
+        why = self.rule(knobs)
+        if why:
+            raise InvalidConfig(why)
+        return Config(index=index, knobs=knobs)
+
+    def from_knobs(self, knobs: Knobs) -> Config:
+        why = self.reason(knobs)
+        if why:
+            raise InvalidConfig(why)
+        return Config(index=self.index_of(knobs), knobs=knobs)
+
+    def is_valid(self, index: int) -> bool:
+        return self.rule(self.knobs_at(index)) is None
+
+    def valid_indices(self) -> Iterator[int]:
+        return (i for i in range(self.size) if self.is_valid(i))
