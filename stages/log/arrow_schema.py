@@ -74,7 +74,7 @@ def to_row(value: Any, field_type: pa.DataType, is_json: bool) -> Any:
     if value is None:
         return None
     if is_json:
-        return json.dumps(value, sort_keys=True, default=_json_default)
+        return json.dumps(value, default=_json_default)
     if pa.types.is_struct(field_type):
         return {
             f.name: to_row(value[f.name], f.type, f.metadata == JSON_META)

@@ -17,7 +17,6 @@ from schemas.target import Target
 from schemas.task import TuningTask
 from stages.codegen.harness import add_harness
 from stages.codegen.irb import (
-
     F32P,
     I1,
     I64,
@@ -32,6 +31,7 @@ from stages.codegen.irb import (
     splat,
     vec,
 )
+from stages.codegen.parallel import emit_main
 from stages.templates.space import ConfigSpace, Knob, Knobs
 
 NAME = "matmul"
@@ -128,13 +128,12 @@ def kernel_args(task: TuningTask, knobs: Knobs, inputs: list[np.ndarray]) -> lis
     return [np.ascontiguousarray(a), pack_b(b, int(knobs["nv"]) * int(knobs["vw"])),
             np.zeros((m, n), dtype=np.float32)]
 
-def build_ir(task: TuningTask, knobs: Knobs, target: Target) -> ir.Module:
+def build_ir(task: TuningTask, knobs: Knobs, target: Target, threads: int = 1) -> ir.Module:
     m, n, k = dims(task)
     g = _Gen(m, n, k, {name: int(v) for name, v in knobs.items()})
     mod = ir.Module(name=f"matmul_{m}x{n}x{k}")
     mod.triple = target.triple
-    main = g.emit(mod)
-    add_harness(mod, main)
+    add_harness(mod, emit_main(mod, g.emit_range(mod), g.n_blocks, threads))
     return mod
 
 class _Gen:
@@ -151,16 +150,22 @@ class _Gen:
         self.tail_rows = m - self.row_tiles * self.mr
         self._micro: dict[tuple[int, int], ir.Function] = {}
 
-    def emit(self, mod: ir.Module) -> ir.Function:
-        main = ir.Function(mod, ir.FunctionType(ir.VoidType(), [VOIDP]), name="tf_main")
-        b = ir.IRBuilder(main.append_basic_block("entry"))
-        argv = b.bitcast(main.args[0], F32P.as_pointer())
+    @property
+    def n_blocks(self) -> int:
+        """Blocks of `nc` panels along N: the parallel axis."""
+        return -(-self.panels // self.nc)
+
+    def emit_range(self, mod: ir.Module) -> ir.Function:
+        """`tf_range(ptr args, i64 begin, i64 end)`: the N blocks [begin, end)."""
+        fn = ir.Function(mod, ir.FunctionType(ir.VoidType(), [VOIDP, I64, I64]), name="tf_range")
+        fn.linkage = "internal"
+        b = ir.IRBuilder(fn.append_basic_block("entry"))
+        argv = b.bitcast(fn.args[0], F32P.as_pointer())
         a, bp, c = (b.load(b.gep(argv, [i64(i)])) for i in range(3))
-        n_jb = -(-self.panels // self.nc)
-        with for_range(b, i64(0), i64(n_jb), name="jb") as jb:
+        with for_range(b, fn.args[1], fn.args[2], name="jb") as jb:
             self._n_block(b, a, bp, c, jb)
         b.ret_void()
-        return main
+        return fn
 
     def _n_block(self, b: ir.IRBuilder, a: ir.Value, bp: ir.Value, c: ir.Value, jb: ir.Value) -> None:
         p0 = mul(b, jb, i64(self.nc))

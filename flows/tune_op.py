@@ -1,0 +1,79 @@
+"""Tune one operator: propose → build → measure → record, one task run per step and batch.
+
+The builder pool and the runner worker outlive task runs, so they are handed to tasks as
+live objects with caching off (Prefect never hashes or persists them); the tuning log, not
+Prefect's database, is the record of truth.
+"""
+
+from __future__ import annotations
+
+from prefect import flow, task
+from prefect.cache_policies import NO_CACHE
+
+from schemas.config import Config
+from schemas.measure import MeasureResult
+from schemas.options import TuningOptions
+from schemas.target import Target
+from schemas.task import TuningTask
+from stages.log import TuningLog
+from stages.measure.artifact import BuildResult
+from stages.measure.builder import Builder
+from stages.measure.numpy_ref import numpy_gflops
+from stages.measure.runner import LocalRunner
+from stages.report.progress import TerminalProgress
+from stages.report.summary import op_report
+from stages.tune.session import TuningSession, measure_default_config
+
+
+@task(name="propose", cache_policy=NO_CACHE)
+def propose(session: TuningSession) -> list[Config]:
+    return session.propose()
+
+
+@task(name="build", cache_policy=NO_CACHE)
+def build(builder: Builder, op: TuningTask, configs: list[Config], target: Target, threads: int) -> list[BuildResult]:
+    return builder.build(op, configs, target, threads)
+
+
+@task(name="measure", cache_policy=NO_CACHE)
+def run(runner: LocalRunner, builds: list[BuildResult]) -> list[MeasureResult]:
+    return runner.run(builds)
+
+
+@task(name="record", cache_policy=NO_CACHE)
+def record(session: TuningSession, configs: list[Config], results: list[MeasureResult]) -> int:
+    return len(session.record(configs, results))
+
+
+@task(name="measure-default", cache_policy=NO_CACHE)
+def measure_default(builder: Builder, runner: LocalRunner, op: TuningTask, target: Target) -> MeasureResult:
+    return measure_default_config(builder, runner, op, target)
+
+
+@task(name="numpy-reference", cache_policy=NO_CACHE)
+def numpy_reference(op: TuningTask, threads: int) -> float:
+    return numpy_gflops(op, threads)
+
+
+@flow(name="tune-op", flow_run_name="tune-op {op.op} on {target_name}", log_prints=True)
+def tune_op(op: TuningTask, target_name: str, options: TuningOptions, log_path: str,
+            progress: bool = True) -> dict:
+    """Tune `op` for `target_name` until the log holds `options.n_trials` trials for it."""
+    target = Target.parse(target_name)
+    log = TuningLog(log_path)
+    session = TuningSession(op, target, options, log)
+    threads = options.measure.threads
+    with Builder(options.measure.n_parallel, options.measure.build_timeout) as builder, \
+            LocalRunner(options.measure) as runner, \
+            TerminalProgress(op.description, options.n_trials, every=options.batch_size) as bar:
+        if progress:
+            session.observers.append(bar)
+        default = measure_default(builder, runner, op, target)
+        while not session.done:
+            configs = propose(session)
+            if not configs:
+                break
+            results = run(runner, build(builder, op, configs, target, threads))
+            record(session, configs, results)
+    summary = session.summary()
+    return op_report(summary, default, numpy_reference(op, threads), log_path)

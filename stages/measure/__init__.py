@@ -1,0 +1,1 @@
+"""Build candidates in parallel, then measure them one at a time in an isolated worker."""

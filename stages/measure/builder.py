@@ -1,0 +1,86 @@
+"""Compile a batch of candidates in parallel worker processes, each build with a timeout.
+
+A failing or hanging build becomes a BuildResult carrying its error code; the pool is replaced
+after a timeout so a stuck compile cannot hold a worker.
+"""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import os
+import time
+import traceback
+from multiprocessing.pool import Pool
+
+from schemas.config import Config
+from schemas.measure import MeasureErrorNo
+from schemas.target import Target
+from schemas.task import TuningTask
+from stages.codegen.compile import compile_ir
+from stages.measure.artifact import BuildResult
+from stages.templates import template_for
+
+
+def build_one(task: TuningTask, config: Config, target: Target, threads: int = 1) -> BuildResult:
+    """Build in this process; errors are returned, never raised."""
+    start = time.perf_counter()
+    tpl = template_for(task)
+    why = tpl.space(task, target).reason(config.knobs)
+    if why:
+        return BuildResult(task, target, config, None, 0.0, MeasureErrorNo.instantiation_error, why)
+    try:
+        obj = compile_ir(tpl.build_ir(task, config.knobs, target, threads), target).data
+    except Exception as exc:  # a template or LLVM bug must not stop the session
+        msg = f"{type(exc).__name__}: {exc}\n{traceback.format_exc(limit=3)}"
+        return BuildResult(task, target, config, None, time.perf_counter() - start,
+                           MeasureErrorNo.compile_error, msg[:2000])
+    return BuildResult(task, target, config, obj, time.perf_counter() - start)
+
+
+class Builder:
+    """Owns a pool of `n_parallel` spawn processes for the life of a session."""
+
+    def __init__(self, n_parallel: int = 0, timeout: float = 30.0):
+        self.n_parallel = n_parallel or len(os.sched_getaffinity(0))
+        self.timeout = timeout
+        self._pool: Pool | None = None
+
+    def _get_pool(self) -> Pool:
+        if self._pool is None:
+            self._pool = mp.get_context("spawn").Pool(self.n_parallel)
+        return self._pool
+
+    def build(self, task: TuningTask, configs: list[Config], target: Target, threads: int = 1) -> list[BuildResult]:
+        if not configs:
+            return []
+        if self.n_parallel == 1:
+            return [build_one(task, c, target, threads) for c in configs]
+        pool = self._get_pool()
+        pending = [(c, pool.apply_async(build_one, (task, c, target, threads))) for c in configs]
+        results: list[BuildResult] = []
+        stuck = False
+        for config, handle in pending:
+            try:
+                results.append(handle.get(timeout=self.timeout))
+            except mp.TimeoutError:
+                stuck = True
+                results.append(BuildResult(task, target, config, None, self.timeout, MeasureErrorNo.build_timeout,
+                                           f"build did not finish within {self.timeout:.1f} s"))
+            except Exception as exc:
+                results.append(BuildResult(task, target, config, None, 0.0, MeasureErrorNo.compile_error,
+                                           f"build worker failed: {type(exc).__name__}: {exc}"))
+        if stuck:
+            self.close()
+        return results
+
+    def close(self) -> None:
+        if self._pool is not None:
+            self._pool.terminate()
+            self._pool.join()
+            self._pool = None
+
+    def __enter__(self) -> Builder:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

@@ -1,0 +1,99 @@
+"""The measuring side: load an object, check its output, time it in native code.
+
+Runs inside an isolated process (the local runner's worker, or an RPC agent), so a kernel
+that crashes takes down only this process. Inputs and the numpy reference are computed once
+per task and kept for the next candidates of the same task.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass
+from multiprocessing.connection import Connection
+
+import numpy as np
+
+from schemas.measure import MeasureErrorNo
+from schemas.options import MeasureOptions
+from schemas.target import Target
+from schemas.task import TuningTask
+from stages.codegen.jit import LoadedKernel
+from stages.measure.check import compare, reduction_size
+from stages.templates import template_for
+
+FLUSH_BYTES = 64 * 1024 * 1024
+
+
+@dataclass(frozen=True)
+class RunRequest:
+    task: TuningTask
+    target: Target
+    knobs: dict
+    obj: bytes
+    options: MeasureOptions
+
+
+@dataclass(frozen=True)
+class RunReply:
+    error_no: MeasureErrorNo
+    error_msg: str
+    costs: tuple[float, ...]
+    run_s: float
+
+
+class _TaskData:
+    """Inputs and reference for the current task (one task at a time is the common case)."""
+
+    def __init__(self) -> None:
+        self.signature: str | None = None
+        self.inputs: list[np.ndarray] = []
+        self.ref: np.ndarray | None = None
+
+    def get(self, task: TuningTask) -> tuple[list[np.ndarray], np.ndarray]:
+        if task.signature != self.signature:
+            tpl = template_for(task)
+            self.inputs = tpl.make_inputs(task, seed=0)
+            self.ref = tpl.reference(task, self.inputs)
+            self.signature = task.signature
+        assert self.ref is not None
+        return self.inputs, self.ref
+
+
+def run(req: RunRequest, cache: _TaskData) -> RunReply:
+    start = time.perf_counter()
+    opts = req.options
+    tpl = template_for(req.task)
+    inputs, ref = cache.get(req.task)
+    args = tpl.kernel_args(req.task, req.knobs, inputs)
+    kernel = LoadedKernel(req.obj, req.target)
+    first = kernel.time(args, 1)
+    ok, err = compare(args[-1], ref, reduction_size(req.task))
+    if not ok:
+        return RunReply(MeasureErrorNo.wrong_answer, f"output differs from numpy reference: max abs error {err:.3g}",
+                        (), time.perf_counter() - start)
+    number = opts.number
+    if opts.min_repeat_ms > 0 and first > 0:
+        number = max(number, math.ceil(opts.min_repeat_ms / 1000.0 / first))
+    flush = np.zeros(FLUSH_BYTES // 4, dtype=np.float32) if opts.enable_cpu_cache_flush else None
+    costs = []
+    for i in range(opts.repeat):
+        if i and opts.cooldown_ms:
+            time.sleep(opts.cooldown_ms / 1000.0)
+        costs.append(kernel.time(args, number, flush))
+    return RunReply(MeasureErrorNo.no_error, "", tuple(costs), time.perf_counter() - start)
+
+
+def serve(conn: Connection) -> None:
+    """Worker loop: one RunRequest in, one RunReply out, until the pipe closes."""
+    cache = _TaskData()
+    while True:
+        try:
+            req = conn.recv()
+        except EOFError:
+            return
+        try:
+            reply = run(req, cache)
+        except Exception as exc:
+            reply = RunReply(MeasureErrorNo.runtime_error, f"{type(exc).__name__}: {exc}", (), 0.0)
+        conn.send(reply)

@@ -1,0 +1,46 @@
+"""Live progress for a tuning session: a rich bar on a terminal, plain lines in CI logs."""
+
+from __future__ import annotations
+
+import sys
+from typing import TextIO
+
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+
+from stages.tune.session import TrialEvent
+
+
+class TerminalProgress:
+    """An observer; use as a context manager around the session."""
+
+    def __init__(self, description: str, total: int, stream: TextIO | None = None, every: int = 8):
+        self.stream = stream or sys.stderr
+        self.console = Console(file=self.stream)
+        self.live = self.console.is_terminal
+        self.every = every
+        self.description = description
+        self._progress = Progress(
+            TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
+            TextColumn("cur {task.fields[cur]:>7.1f} GFLOPS  best {task.fields[best]:>7.1f} GFLOPS"),
+            TimeElapsedColumn(), TimeRemainingColumn(), console=self.console,
+        ) if self.live else None
+        self._id = self._progress.add_task(description, total=total, cur=0.0, best=0.0) if self._progress else None
+
+    def __enter__(self) -> TerminalProgress:
+        if self._progress:
+            self._progress.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self._progress:
+            self._progress.stop()
+
+    def __call__(self, ev: TrialEvent) -> None:
+        if self._progress is not None:
+            self._progress.update(self._id, completed=ev.trial, total=ev.budget, cur=ev.gflops, best=ev.best_gflops)
+            return
+        if ev.trial % self.every == 0 or ev.trial == ev.budget or not ev.result.ok:
+            status = "ok" if ev.result.ok else ev.result.error_no.name
+            print(f"{self.description} trial {ev.trial}/{ev.budget} cur {ev.gflops:.1f} GFLOPS "
+                  f"best {ev.best_gflops:.1f} GFLOPS [{status}]", file=self.stream, flush=True)

@@ -1,0 +1,16 @@
+"""Operator templates: one module per op family, looked up by the task's op kind."""
+
+from __future__ import annotations
+
+from schemas.task import TuningTask
+from stages.templates import matmul
+from stages.templates.base import Template
+
+TEMPLATES: dict[str, Template] = {"matmul": matmul}
+
+
+def template_for(task: TuningTask) -> Template:
+    try:
+        return TEMPLATES[task.op]
+    except KeyError:
+        raise ValueError(f"no template for op {task.op!r}; templates exist for {sorted(TEMPLATES)}") from None

@@ -1,0 +1,158 @@
+"""The tuning loop for one task, outside any search policy: budget, resume, log, observers.
+
+`TuningSession` is driven step by step (propose → build → measure → record) so the Prefect
+flow can make each step a task run, and `run_session` drives it directly.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from schemas.config import Config
+from schemas.measure import MeasureResult
+from schemas.options import TuningOptions
+from schemas.record import TuningRecord
+from schemas.target import Target
+from schemas.task import TuningTask
+from stages.log import TuningLog
+from stages.measure.artifact import BuildResult
+from stages.measure.builder import Builder
+from stages.measure.runner import LocalRunner
+from stages.search import make_tuner
+from stages.templates import template_for
+from tunaflow import __version__
+
+
+@dataclass(frozen=True)
+class TrialEvent:
+    """What observers see after each trial."""
+
+    task: TuningTask
+    trial: int
+    budget: int
+    config: Config
+    result: MeasureResult
+    gflops: float
+    best_gflops: float
+
+
+Observer = Callable[[TrialEvent], None]
+
+
+@dataclass
+class SessionSummary:
+    task: TuningTask
+    target_key: str
+    trials: int
+    new_trials: int
+    wall_s: float
+    best: TuningRecord | None
+    errors: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def best_gflops(self) -> float:
+        return self.best.gflops if self.best else 0.0
+
+
+class TuningSession:
+    def __init__(self, task: TuningTask, target: Target, options: TuningOptions, log: TuningLog,
+                 observers: list[Observer] | None = None):
+        self.task, self.target, self.options, self.log = task, target, options, log
+        self.observers = observers or []
+        self.session_id = uuid.uuid4().hex[:12]
+        self.template = template_for(task)
+        self.space = self.template.space(task, target)
+        previous = log.for_task(task.signature, target.key)
+        self.start_trials = len(previous)
+        self.trials = len(previous)
+        self.best: TuningRecord | None = min((r for r in previous if r.result.ok),
+                                             key=lambda r: r.result.median, default=None)
+        self._since_best = 0
+        self.tuner = make_tuner(options.tuner, self.space, options.seed, {r.config.index for r in previous})
+        self._started = time.monotonic()
+        self.errors: dict[str, int] = {}
+
+    @property
+    def remaining(self) -> int:
+        return max(0, self.options.n_trials - self.trials)
+
+    @property
+    def done(self) -> bool:
+        if self.remaining == 0 or not self.tuner.has_next():
+            return True
+        if self.options.early_stopping is not None and self._since_best >= self.options.early_stopping:
+            return True
+        return self.options.timeout_s is not None and time.monotonic() - self._started >= self.options.timeout_s
+
+    def propose(self) -> list[Config]:
+        return self.tuner.next_batch(min(self.options.batch_size, self.remaining))
+
+    def record(self, configs: list[Config], results: list[MeasureResult]) -> list[TuningRecord]:
+        """Append the batch to the log (atomically), update the tuner, notify observers."""
+        records = []
+        for config, result in zip(configs, results, strict=True):
+            gflops = self.task.flops / result.median / 1e9 if result.ok else 0.0
+            records.append(TuningRecord(
+                tunaflow_version=__version__, session_id=self.session_id, trial=self.trials + len(records),
+                tuner=self.tuner.name, target_key=self.target.key, task_signature=self.task.signature,
+                task=self.task, template_version=self.template.VERSION, config=config, result=result,
+                gflops=gflops,
+            ))
+        self.log.append(records)
+        self.tuner.update(configs, results)
+        for rec in records:
+            self.trials += 1
+            if rec.result.ok and (self.best is None or rec.result.median < self.best.result.median):
+                self.best = rec
+                self._since_best = 0
+            else:
+                self._since_best += 1
+            if not rec.result.ok:
+                name = rec.result.error_no.name
+                self.errors[name] = self.errors.get(name, 0) + 1
+            event = TrialEvent(self.task, rec.trial + 1, self.options.n_trials, rec.config, rec.result, rec.gflops,
+                               self.best.gflops if self.best else 0.0)
+            for observe in self.observers:
+                observe(event)
+        return records
+
+    def summary(self) -> SessionSummary:
+        return SessionSummary(self.task, self.target.key, self.trials, self.trials - self.start_trials,
+                              time.monotonic() - self._started, self.best, dict(self.errors))
+
+
+def measure(builder: Builder, runner: LocalRunner, task: TuningTask, configs: list[Config],
+            target: Target) -> list[MeasureResult]:
+    """Build then run: the only way a candidate gets a result."""
+    builds: list[BuildResult] = builder.build(task, configs, target, runner.options.threads)
+    return runner.run(builds)
+
+
+def measure_default_config(builder: Builder, runner: LocalRunner, task: TuningTask, target: Target) -> MeasureResult:
+    """The untuned default schedule's measurement: what every speed-up is relative to."""
+    config = template_for(task).default_config(task, target)
+    return measure(builder, runner, task, [config], target)[0]
+
+
+def run_session(task: TuningTask, target: Target, options: TuningOptions, log: TuningLog,
+                observers: list[Observer] | None = None) -> SessionSummary:
+    """Tune one task directly (no orchestrator)."""
+    return run_session_with_default(task, target, options, log, observers)[0]
+
+
+def run_session_with_default(task: TuningTask, target: Target, options: TuningOptions, log: TuningLog,
+                             observers: list[Observer] | None = None) -> tuple[SessionSummary, MeasureResult]:
+    """Tune one task directly and measure its default schedule with the same builder and runner."""
+    session = TuningSession(task, target, options, log, observers)
+    with Builder(options.measure.n_parallel, options.measure.build_timeout) as builder, \
+            LocalRunner(options.measure) as runner:
+        default = measure_default_config(builder, runner, task, target)
+        while not session.done:
+            configs = session.propose()
+            if not configs:
+                break
+            session.record(configs, measure(builder, runner, task, configs, target))
+    return session.summary(), default

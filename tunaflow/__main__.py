@@ -1,0 +1,3 @@
+from tunaflow.cli import main
+
+main()
