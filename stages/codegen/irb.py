@@ -88,7 +88,8 @@ def for_range(b: ir.IRBuilder, start: ir.Value, stop: ir.Value, step: int = 1,
 
 def splat(b: ir.IRBuilder, scalar: ir.Value, lanes: int) -> ir.Value:
     v = b.insert_element(ir.Constant(vec(lanes), ir.Undefined), scalar, ir.Constant(I32, 0))
-    return b.shuffle_vector(v, ir.Constant(vec(lanes), ir.Undefined), ir.Constant(ir.VectorType(I32, lanes), [0] * lanes))
+    mask = ir.Constant(ir.VectorType(I32, lanes), [0] * lanes)
+    return b.shuffle_vector(v, ir.Constant(vec(lanes), ir.Undefined), mask)
 
 
 def intrinsic(module: ir.Module, name: str, ret: ir.Type, args: list[ir.Type]) -> ir.Function:
