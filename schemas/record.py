@@ -23,6 +23,7 @@ class TuningRecord(BaseModel):
     task_signature: str
     task: TuningTask
     template_version: int = Field(ge=1)
+    threads: int = Field(default=1, ge=1, description="threads the kernel ran with")
     config: Config
     result: MeasureResult
     gflops: float = Field(ge=0)

@@ -90,3 +90,22 @@ def matmul_task(m: int, n: int, k: int) -> TuningTask:
         inputs=(TensorSpec(shape=(m, k)), TensorSpec(shape=(k, n))),
         outputs=(TensorSpec(shape=(m, n)),),
     )
+
+
+_EPILOGUE_PARAMS: dict[str, tuple[str, ...]] = {"clip": ("min", "max"), "leaky_relu": ("alpha",)}
+
+
+def parse_epilogue(text: str) -> tuple[EpilogueOp, ...]:
+    """`bias,relu` or `clip:0:6,leaky_relu:0.1` → epilogue ops (parameters after colons)."""
+    ops = []
+    for item in filter(None, (s.strip() for s in text.split(","))):
+        kind, *params = item.split(":")
+        names = _EPILOGUE_PARAMS.get(kind, ())
+        if len(params) > len(names):
+            raise ValueError(f"epilogue {kind!r} takes {len(names)} parameter(s) {list(names)}, got {params}")
+        try:
+            attrs = {name: float(p) for name, p in zip(names, params, strict=False)}
+        except ValueError as exc:
+            raise ValueError(f"epilogue {item!r}: parameters must be numbers") from exc
+        ops.append(EpilogueOp(kind=kind, attrs=attrs))
+    return tuple(ops)

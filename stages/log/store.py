@@ -99,19 +99,18 @@ class TuningLog:
     def records(self) -> list[TuningRecord]:
         return self.read(strict=True)[0]
 
-    def for_task(self, task_signature: str, target_key: str) -> list[TuningRecord]:
+    def for_task(self, task_signature: str, target_key: str, threads: int | None = None) -> list[TuningRecord]:
+        """Records of this task on this target (and thread count, when given)."""
         return [
             r for r in self.records()
             if r.task_signature == task_signature and r.target_key == target_key
+            and (threads is None or r.threads == threads)
         ]
 
-    def best(self, task_signature: str, target_key: str) -> TuningRecord | None:
+    def best(self, task_signature: str, target_key: str, threads: int | None = None) -> TuningRecord | None:
         """The error-free record with the lowest median cost for this task and target."""
-        ok = [r for r in self.for_task(task_signature, target_key) if r.result.ok]
+        ok = [r for r in self.for_task(task_signature, target_key, threads) if r.result.ok]
         return min(ok, key=lambda r: r.result.median) if ok else None
-
-    def measured_config_keys(self, task_signature: str, target_key: str) -> set[str]:
-        return {r.config.key() for r in self.for_task(task_signature, target_key)}
 
     def export_jsonl(self, out: str | os.PathLike[str]) -> int:
         records = self.records()

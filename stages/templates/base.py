@@ -16,6 +16,10 @@ from stages.templates.space import ConfigSpace, Knobs
 class Template(Protocol):
     NAME: str
     VERSION: int
+    CLI_OPTIONS: tuple[str, ...]
+
+    def task_from_cli(self, opts: dict) -> TuningTask:
+        """The task `tunaflow tune-op NAME --opt value ...` means; ValueError names what is missing."""
 
     def space(self, task: TuningTask, target: Target) -> ConfigSpace: ...
 

@@ -14,7 +14,7 @@ from llvmlite import ir
 
 from schemas.config import Config
 from schemas.target import Target
-from schemas.task import TuningTask
+from schemas.task import TuningTask, matmul_task
 from stages.codegen.harness import add_harness
 from stages.codegen.irb import (
     F32P,
@@ -44,6 +44,17 @@ KC = (16, 32, 64, 128, 192, 256, 384, 512)
 MC = (1, 2, 4, 8, 16, 32, 64)
 NC = (1, 2, 4, 8, 16, 32, 64)
 UK = (1, 2, 4, 8)
+
+CLI_OPTIONS = ("m", "n", "k")
+
+
+def task_from_cli(opts: dict) -> TuningTask:
+    """The task `tunaflow tune-op matmul --m M --n N --k K` means."""
+    missing = [f"--{o}" for o in CLI_OPTIONS if opts.get(o) is None]
+    if missing:
+        raise ValueError(f"matmul needs {', '.join(missing)}")
+    return matmul_task(int(opts["m"]), int(opts["n"]), int(opts["k"]))
+
 
 def dims(task: TuningTask) -> tuple[int, int, int]:
     (m, k), (k2, n) = task.inputs[0].shape, task.inputs[1].shape
@@ -270,5 +281,5 @@ def _store_c(b: ir.IRBuilder, value: ir.Value, ptr: ir.Value, vw: int, n_lanes: 
     for lane in range(n_lanes):
         b.store(b.extract_element(value, ir.Constant(ir.IntType(32), lane)), gep(b, ptr, i64(lane)))
 
-__all__ = ["NAME", "VERSION", "build_ir", "default_config", "kernel_args", "make_inputs",
-           "reference", "space"]
+__all__ = ["CLI_OPTIONS", "NAME", "VERSION", "build_ir", "default_config", "kernel_args", "make_inputs",
+           "reference", "space", "task_from_cli"]

@@ -65,7 +65,7 @@ class TuningSession:
         self.session_id = uuid.uuid4().hex[:12]
         self.template = template_for(task)
         self.space = self.template.space(task, target)
-        previous = log.for_task(task.signature, target.key)
+        previous = log.for_task(task.signature, target.key, options.measure.threads)
         self.start_trials = len(previous)
         self.trials = len(previous)
         self.best: TuningRecord | None = min((r for r in previous if r.result.ok),
@@ -98,7 +98,8 @@ class TuningSession:
             records.append(TuningRecord(
                 tunaflow_version=__version__, session_id=self.session_id, trial=self.trials + len(records),
                 tuner=self.tuner.name, target_key=self.target.key, task_signature=self.task.signature,
-                task=self.task, template_version=self.template.VERSION, config=config, result=result,
+                task=self.task, template_version=self.template.VERSION, threads=self.options.measure.threads,
+                config=config, result=result,
                 gflops=gflops,
             ))
         self.log.append(records)

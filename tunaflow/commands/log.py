@@ -1,0 +1,75 @@
+"""`tunaflow log ...`: inspect, export and merge tuning logs."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.table import Table
+
+from tunaflow.console import fail, out
+
+
+def log_show(
+    log: Annotated[Path, typer.Argument(help="tuning log directory")],
+    top: Annotated[int, typer.Option(help="best configs shown per task")] = 5,
+) -> None:
+    """The best configs per task and target, with their spread, and the failure counts."""
+    from stages.log import LogError, TuningLog
+
+    if not log.exists():
+        raise fail(f"{log}: no such tuning log")
+    try:
+        records = TuningLog(log).records()
+    except LogError as exc:
+        raise fail(str(exc)) from exc
+    groups: dict[tuple[str, str], list] = {}
+    for r in records:
+        groups.setdefault((r.task_signature, r.target_key), []).append(r)
+    out.print(f"{log}: {len(records)} records, {len(groups)} task/target pairs")
+    for (sig, key), recs in groups.items():
+        ok = sorted((r for r in recs if r.result.ok), key=lambda r: r.result.median)
+        failed: dict[str, int] = {}
+        for r in recs:
+            if not r.result.ok:
+                failed[r.result.error_no.name] = failed.get(r.result.error_no.name, 0) + 1
+        table = Table(title=f"{recs[0].task.description}  [{sig}]  on {key}  ({len(recs)} trials)")
+        for col in ("rank", "GFLOPS", "median ms", "spread", "trial", "config"):
+            table.add_column(col, justify="right" if col != "config" else "left")
+        for rank, r in enumerate(ok[:top], 1):
+            table.add_row(str(rank), f"{r.gflops:.1f}", f"{r.result.median * 1e3:.3f}", f"{r.result.spread:.1%}",
+                          str(r.trial), r.config.short())
+        out.print(table)
+        if failed:
+            out.print(f"  failed: {failed}")
+
+
+def log_export(
+    log: Annotated[Path, typer.Argument(help="tuning log directory")],
+    output: Annotated[Path, typer.Argument(help="JSON-lines file to write")],
+) -> None:
+    """Write every record as one JSON object per line, for inspection."""
+    from stages.log import LogError, TuningLog
+
+    try:
+        count = TuningLog(log).export_jsonl(output)
+    except LogError as exc:
+        raise fail(str(exc)) from exc
+    out.print(f"wrote {count} records to {output}")
+
+
+def log_merge(
+    dest: Annotated[Path, typer.Argument(help="log to merge into (created if missing)")],
+    sources: Annotated[list[Path], typer.Argument(help="logs to read")],
+) -> None:
+    """Append the records of other logs into DEST, skipping exact duplicates."""
+    from stages.log import LogError, merge
+
+    try:
+        added = merge(sources, dest)
+    except LogError as exc:
+        raise fail(str(exc)) from exc
+    out.print(f"merged {added} new records into {dest}")
+
+

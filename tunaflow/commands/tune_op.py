@@ -1,0 +1,120 @@
+"""`tunaflow tune-op`: tune one operator."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from tunaflow.console import fail, out, prefect_env
+
+SHAPE_HELP = "operator shape options; each operator takes its own (see the README)"
+
+
+def tune_op(
+    op: Annotated[str, typer.Argument(help="operator to tune: " + ", ".join(_ops()))],
+    m: Annotated[int | None, typer.Option(help="rows of the output (matmul, dense, batch_matmul)")] = None,
+    n: Annotated[int | None, typer.Option(help="columns of the output (matmul, dense, batch_matmul)")] = None,
+    k: Annotated[int | None, typer.Option(help="reduction length (matmul, dense, batch_matmul)")] = None,
+    b: Annotated[int | None, typer.Option(help="batch count (batch_matmul)")] = None,
+    input: Annotated[str | None, typer.Option(help="input shape, e.g. 1x64x56x56 (conv2d)")] = None,
+    weight: Annotated[str | None, typer.Option(help="weight shape, e.g. 64x64x3x3 (conv2d)")] = None,
+    stride: Annotated[str | None, typer.Option(help="stride, e.g. 1 or 2x2 (conv2d)")] = None,
+    pad: Annotated[str | None, typer.Option(help="padding: 1, 1x1 or top,left,bottom,right (conv2d)")] = None,
+    dilation: Annotated[str | None, typer.Option(help="dilation, e.g. 1 or 2x2 (conv2d)")] = None,
+    groups: Annotated[int | None, typer.Option(help="groups (conv2d)")] = None,
+    epilogue: Annotated[str | None, typer.Option(help="fused ops, e.g. bias,relu or clip:0:6")] = None,
+    trials: Annotated[int, typer.Option(help="trial budget of this task in the log; a rerun resumes up to it")] = 64,
+    log: Annotated[Path, typer.Option(help="tuning log directory (created if missing)")] = Path("tuning-log"),
+    early_stopping: Annotated[int | None, typer.Option(help="stop after this many trials without a new best")] = None,
+    tuner: Annotated[str, typer.Option(help="search policy: random or grid")] = "random",
+    threads: Annotated[int, typer.Option(help="threads each kernel runs with")] = 1,
+    seed: Annotated[int, typer.Option(help="seed of the search")] = 0,
+    batch_size: Annotated[int, typer.Option(help="candidates built and measured per round")] = 16,
+    target: Annotated[str, typer.Option(help="'host', a preset, or 'llvm -mtriple=... -mcpu=...'")] = "host",
+    json_out: Annotated[bool, typer.Option("--json", help="print one JSON object at the end, for scripts")] = False,
+    prefect: Annotated[bool, typer.Option("--prefect/--no-prefect",
+                                          help="run as a Prefect flow (visible in the UI) or call the stages directly")]
+    = True,
+) -> None:
+    """Tune one operator on this machine and log every trial.
+
+    Example: tunaflow tune-op matmul --m 512 --n 512 --k 512 --trials 64 --log runs/mm
+    """
+    from pydantic import ValidationError
+
+    from schemas import MeasureOptions, Target, TargetError, TuningOptions
+    from stages.templates import TEMPLATES
+
+    if op not in TEMPLATES:
+        raise fail(f"unknown operator {op!r}; tune-op supports: {', '.join(_ops())}")
+    template = TEMPLATES[op]
+    given = {name: v for name, v in dict(m=m, n=n, k=k, b=b, input=input, weight=weight, stride=stride, pad=pad,
+                                         dilation=dilation, groups=groups, epilogue=epilogue).items() if v is not None}
+    foreign = sorted(set(given) - set(template.CLI_OPTIONS))
+    if foreign:
+        raise fail(f"{op} does not take {', '.join('--' + f for f in foreign)}; it takes "
+                   f"{', '.join('--' + o for o in template.CLI_OPTIONS)}")
+    try:
+        task = template.task_from_cli(given)
+        tgt = Target.parse(target)
+        options = TuningOptions(n_trials=trials, early_stopping=early_stopping, tuner=tuner, seed=seed,
+                                batch_size=batch_size, measure=MeasureOptions(threads=threads))
+    except (ValidationError, TargetError, ValueError) as exc:
+        raise fail(str(exc)) from exc
+    result = tune(task, tgt, options, log, prefect, show_progress=not json_out)
+    if json_out:
+        print(json.dumps(result))
+    else:
+        print_result(result)
+
+
+def _ops() -> list[str]:
+    from stages.templates import TEMPLATES
+
+    return sorted(TEMPLATES)
+
+
+def tune(task, target, options, log: Path, prefect: bool, show_progress: bool) -> dict:
+    from stages.log import LogError, TuningLog
+    from stages.measure.numpy_ref import numpy_gflops
+    from stages.report.progress import TerminalProgress
+    from stages.report.summary import op_report
+    from stages.tune.session import run_session_with_default
+
+    try:
+        TuningLog(log).records()
+    except LogError as exc:
+        raise fail(str(exc)) from exc
+    if prefect:
+        prefect_env()
+        from flows.tune_op import tune_op as flow
+
+        return flow(task, target.to_string() if target.name != "host" else "host", options, str(log),
+                    progress=show_progress)
+    observers = []
+    with TerminalProgress(task.description, options.n_trials, every=options.batch_size) as bar:
+        if show_progress:
+            observers.append(bar)
+        summary, default = run_session_with_default(task, target, options, TuningLog(log), observers)
+    return op_report(summary, default, numpy_gflops(task, options.measure.threads), str(log))
+
+
+def print_result(r: dict) -> None:
+    out.print(f"[bold]{r['task']}[/]  ({r['trials']} trials in the log, {r['new_trials']} new, {r['wall_s']:.1f} s)")
+    if r["best_config"] is None:
+        out.print("[red]no successful trial yet[/]")
+    else:
+        knobs = " ".join(f"{k}={v}" for k, v in r["best_config"].items())
+        out.print(f"best schedule : {knobs}")
+        out.print(f"best          : [bold green]{r['best_gflops']:.1f} GFLOPS[/] (spread {r['best_spread']:.1%})")
+    speedup = f"  -> tuned is {r['speedup_over_default']:.2f}x the default" if r["speedup_over_default"] else ""
+    out.print(f"default       : {r['default_gflops']:.1f} GFLOPS{speedup}")
+    out.print(f"numpy         : {r['numpy_gflops']:.1f} GFLOPS")
+    if r["errors"]:
+        out.print(f"failed trials : {r['errors']}")
+    out.print(f"tuning log    : {r['log']}")
+
+
