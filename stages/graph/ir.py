@@ -1,0 +1,53 @@
+"""The graph representation shared by import, passes, task extraction and the library build.
+
+Nodes are kept in topological order. After the fusion pass, an anchor node (conv2d, dense,
+matmul, batch_matmul) carries its `TuningTask` (with the fused epilogue) in `task`, and the
+element-wise nodes it absorbed are gone; every other node keeps its ONNX op type.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from schemas.task import TuningTask
+
+
+@dataclass(frozen=True)
+class Value:
+    """A tensor flowing between nodes (static shape)."""
+
+    name: str
+    shape: tuple[int, ...]
+    dtype: str = "float32"
+
+
+@dataclass
+class Node:
+    name: str
+    op: str
+    inputs: list[str]
+    outputs: list[str]
+    attrs: dict = field(default_factory=dict)
+    task: TuningTask | None = None
+
+
+@dataclass
+class Graph:
+    name: str
+    inputs: list[Value]
+    outputs: list[Value]
+    nodes: list[Node]
+    values: dict[str, Value]
+    constants: dict[str, np.ndarray] = field(default_factory=dict)
+
+    def producer(self) -> dict[str, Node]:
+        return {out: node for node in self.nodes for out in node.outputs}
+
+    def consumers(self) -> dict[str, list[Node]]:
+        users: dict[str, list[Node]] = {}
+        for node in self.nodes:
+            for name in node.inputs:
+                users.setdefault(name, []).append(node)
+        return users
