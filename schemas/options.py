@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field
 
 
 class MeasureOptions(BaseModel):
@@ -32,9 +32,3 @@ class TuningOptions(BaseModel):
     top_k_remeasure: int = Field(default=3, ge=0)
     seed: int = 0
     measure: MeasureOptions = MeasureOptions()
-
-    @model_validator(mode="after")
-    def _batch_fits(self) -> TuningOptions:
-        if self.batch_size > self.n_trials:
-            return self.model_copy(update={"batch_size": self.n_trials})
-        return self
