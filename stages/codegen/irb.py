@@ -104,3 +104,55 @@ def fma(b: ir.IRBuilder, x: ir.Value, y: ir.Value, z: ir.Value) -> ir.Value:
     lanes = ty.count if isinstance(ty, ir.VectorType) else 0
     name = f"llvm.fma.v{lanes}f32" if lanes else "llvm.fma.f32"
     return b.call(intrinsic(b.module, name, ty, [ty, ty, ty]), [x, y, z])
+
+
+def lanes_of(ty: ir.Type) -> int:
+    """Vector lanes of a float type (0 for a scalar)."""
+    return ty.count if isinstance(ty, ir.VectorType) else 0
+
+
+def fconst(ty: ir.Type, value: float) -> ir.Constant:
+    """A float constant of a scalar or vector float type (splatted)."""
+    n = lanes_of(ty)
+    return ir.Constant(ty, [value] * n) if n else ir.Constant(ty, value)
+
+
+def call_math(b: ir.IRBuilder, name: str, *xs: ir.Value) -> ir.Value:
+    """An overloaded float intrinsic (`llvm.maxnum`, `llvm.rint`, ...) at the operands' type."""
+    ty = xs[0].type
+    n = lanes_of(ty)
+    full = f"{name}.v{n}f32" if n else f"{name}.f32"
+    return b.call(intrinsic(b.module, full, ty, [ty] * len(xs)), list(xs))
+
+
+def lane_mask(lanes: int, valid: int) -> ir.Constant:
+    return ir.Constant(ir.VectorType(I1, lanes), [int(i < valid) for i in range(lanes)])
+
+
+def load_vec(b: ir.IRBuilder, ptr: ir.Value, lanes: int, valid: int | ir.Value | None = None) -> ir.Value:
+    """`lanes` floats from `ptr`; only the first `valid` are read (masked load, zeros elsewhere).
+
+    `valid` is a constant count, an `<lanes x i1>` mask value, or None for a full vector.
+    """
+    vty = vec(lanes)
+    vptr = b.bitcast(ptr, vty.as_pointer())
+    if valid is None or (isinstance(valid, int) and valid >= lanes):
+        return b.load(vptr, align=4)
+    mask = lane_mask(lanes, valid) if isinstance(valid, int) else valid
+    fn = intrinsic(b.module, f"llvm.masked.load.v{lanes}f32.p0", vty,
+                   [vty.as_pointer(), I32, mask.type, vty])
+    return b.call(fn, [vptr, ir.Constant(I32, 4), mask, ir.Constant(vty, [0.0] * lanes)])
+
+
+def store_vec(b: ir.IRBuilder, value: ir.Value, ptr: ir.Value, valid: int | ir.Value | None = None) -> None:
+    """Store a vector at `ptr`, only its first `valid` lanes when given (masked store)."""
+    vty = value.type
+    lanes = vty.count
+    vptr = b.bitcast(ptr, vty.as_pointer())
+    if valid is None or (isinstance(valid, int) and valid >= lanes):
+        b.store(value, vptr, align=4)
+        return
+    mask = lane_mask(lanes, valid) if isinstance(valid, int) else valid
+    fn = intrinsic(b.module, f"llvm.masked.store.v{lanes}f32.p0", ir.VoidType(),
+                   [vty, vty.as_pointer(), I32, mask.type])
+    b.call(fn, [value, vptr, ir.Constant(I32, 4), mask])
