@@ -12,7 +12,7 @@ err = Console(stderr=True)
 
 
 def fail(msg: str) -> typer.Exit:
-    err.print(f"[bold red]error:[/] {msg}", highlight=False)
+    err.print(f"[bold red]error:[/] {msg}", highlight=False, soft_wrap=True)
     return typer.Exit(2)
 
 

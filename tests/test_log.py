@@ -1,0 +1,140 @@
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from schemas import Config, MeasureErrorNo, MeasureResult, TuningRecord, matmul_task
+from stages.log import LogError, TuningLog, merge
+from stages.log.store import SCHEMA, VERSION_KEY, to_table
+
+TASK = matmul_task(8, 8, 8)
+
+
+def rec(trial: int, cost: float | None, session: str = "s1", index: int | None = None,
+        target: str = "tk") -> TuningRecord:
+    result = (MeasureResult(costs=(cost, cost * 1.1, cost * 0.9)) if cost is not None else
+              MeasureResult(error_no=MeasureErrorNo.wrong_answer, error_msg="max abs error 1"))
+    return TuningRecord(
+        tunaflow_version="0.1.0", session_id=session, trial=trial, tuner="random", target_key=target,
+        task_signature=TASK.signature, task=TASK, template_version=1,
+        config=Config(index=trial if index is None else index, knobs={"mr": 4, "vw": 16, "order": "mnk"}),
+        result=result, gflops=0.0 if cost is None else TASK.flops / cost / 1e9,
+    )
+
+
+def test_arrow_schema_is_derived_from_the_model():
+    assert SCHEMA.names == list(TuningRecord.model_fields)
+    assert SCHEMA.metadata[VERSION_KEY.encode()] == b"1"
+    assert pa.types.is_timestamp(SCHEMA.field("result").type.field("timestamp").type)
+
+
+def test_round_trip_preserves_records(tmp_path):
+    log = TuningLog(tmp_path / "log")
+    batch = [rec(0, 1e-3), rec(1, None), rec(2, 5e-4)]
+    part = log.append(batch)
+    assert part is not None and part.suffix == ".parquet"
+    back = log.records()
+    assert back == batch
+    assert back[0].result.timestamp.tzinfo is not None
+    assert list(back[0].config.knobs) == ["mr", "vw", "order"]
+    table, problems = log.read_table()
+    assert table.num_rows == 3 and not problems
+
+
+def test_append_many_batches_and_best(tmp_path):
+    log = TuningLog(tmp_path / "log")
+    log.append([rec(0, 3e-3), rec(1, None)])
+    log.append([rec(2, 1e-3), rec(3, 2e-3)])
+    log.append([rec(4, 1e-4, target="other")])
+    assert len(log.parts()) == 3
+    best = log.best(TASK.signature, "tk")
+    assert best is not None and best.trial == 2
+    assert log.best(TASK.signature, "nope") is None
+    assert log.best("0" * 16, "tk") is None
+    assert len(log.for_task(TASK.signature, "tk")) == 4
+
+
+def test_failed_records_never_best(tmp_path):
+    log = TuningLog(tmp_path / "log")
+    log.append([rec(0, None), rec(1, None)])
+    assert log.best(TASK.signature, "tk") is None
+
+
+def test_other_schema_version_names_file_and_versions(tmp_path):
+    log = TuningLog(tmp_path / "log")
+    log.append([rec(0, 1e-3)])
+    table = to_table([rec(1, 1e-3)]).replace_schema_metadata({VERSION_KEY: "99"})
+    bad = tmp_path / "log" / "part-99999999-bad.parquet"
+    pq.write_table(table, bad)
+    with pytest.raises(LogError, match=r"part-99999999-bad\.parquet: schema version 99, this tunaflow reads version 1"):
+        log.records()
+    good, problems = log.read(strict=False)
+    assert len(good) == 1 and len(problems) == 1 and problems[0].path == bad
+
+
+def test_garbage_part_is_reported_by_name(tmp_path):
+    log = TuningLog(tmp_path / "log")
+    log.append([rec(0, 1e-3)])
+    (tmp_path / "log" / "part-zzz.parquet").write_bytes(b"not parquet at all")
+    with pytest.raises(LogError, match="part-zzz.parquet: not a readable Parquet file"):
+        log.records()
+    good, problems = log.read(strict=False)
+    assert len(good) == 1 and "part-zzz" in problems[0].reason
+
+
+def test_log_path_that_is_a_file_is_refused(tmp_path):
+    f = tmp_path / "file"
+    f.write_text("x")
+    with pytest.raises(LogError, match="directory"):
+        TuningLog(f)
+
+
+WRITER = """
+import sys
+from tests.test_log import rec
+from stages.log import TuningLog
+log = TuningLog(sys.argv[1])
+i = 0
+while True:
+    log.append([rec(i * 500 + j, 1e-3) for j in range(500)])
+    i += 1
+    print(i, flush=True)
+"""
+
+
+def test_killed_writer_leaves_a_readable_log(tmp_path):
+    """kill -9 a process appending big batches in a loop: every committed part reads back whole."""
+    root = Path(__file__).resolve().parent.parent
+    proc = subprocess.Popen([sys.executable, "-c", WRITER, str(tmp_path / "log")], cwd=root,
+                            stdout=subprocess.PIPE, text=True, env={**os.environ, "PYTHONPATH": str(root)})
+    assert proc.stdout is not None
+    proc.stdout.readline()
+    proc.stdout.readline()
+    time.sleep(0.05)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    log = TuningLog(tmp_path / "log")
+    records = log.records()
+    assert len(records) >= 1000
+    assert len(records) % 500 == 0
+    assert len(records) == 500 * len(log.parts())
+
+
+def test_merge_skips_duplicates_and_export_jsonl(tmp_path):
+    a, b = TuningLog(tmp_path / "a"), TuningLog(tmp_path / "b")
+    a.append([rec(0, 1e-3), rec(1, 2e-3)])
+    b.append([rec(0, 1e-3), rec(0, 5e-4, session="s2")])
+    assert merge([tmp_path / "a", tmp_path / "b"], tmp_path / "m") == 3
+    assert merge([tmp_path / "b"], tmp_path / "m") == 0
+    out = tmp_path / "m.jsonl"
+    assert TuningLog(tmp_path / "m").export_jsonl(out) == 3
+    lines = [json.loads(line) for line in out.read_text().splitlines()]
+    assert {(x["session_id"], x["trial"]) for x in lines} == {("s1", 0), ("s1", 1), ("s2", 0)}
+    assert TuningRecord.model_validate(lines[0]).task_signature == TASK.signature

@@ -1,0 +1,73 @@
+"""The tuning loop end to end on a small matmul: real compile, real timing, real log."""
+
+import pytest
+
+from schemas import MeasureOptions, TuningOptions, matmul_task
+from stages.log import TuningLog
+from stages.tune.session import TuningSession, run_session, run_session_with_default
+
+TASK = matmul_task(24, 40, 16)
+FAST = MeasureOptions(number=1, repeat=2, min_repeat_ms=1, n_parallel=1)
+
+
+def options(**kw) -> TuningOptions:
+    return TuningOptions(**{"n_trials": 6, "batch_size": 3, "tuner": "random", "measure": FAST, **kw})
+
+
+def test_session_logs_every_trial_and_finds_a_best(tmp_path, host):
+    events = []
+    log = TuningLog(tmp_path / "log")
+    summary, default = run_session_with_default(TASK, host, options(), log, [events.append])
+    records = log.records()
+    assert summary.trials == summary.new_trials == len(records) == 6
+    assert [e.trial for e in events] == [1, 2, 3, 4, 5, 6]
+    assert len({r.config.index for r in records}) == 6
+    assert default.ok and default.median > 0
+    assert summary.best is not None and summary.best.result.ok
+    assert summary.best.gflops == max(r.gflops for r in records)
+    assert all(r.task_signature == TASK.signature and r.target_key == host.key for r in records)
+    assert all(len(r.result.costs) == 2 for r in records if r.result.ok)
+
+
+def test_resume_skips_measured_configs_and_stops_at_budget(tmp_path, host):
+    log = TuningLog(tmp_path / "log")
+    run_session(TASK, host, options(n_trials=4), log)
+    first = {r.config.index for r in log.records()}
+    summary = run_session(TASK, host, options(n_trials=7, seed=1), log)
+    records = log.records()
+    assert len(records) == 7 and summary.new_trials == 3
+    assert len({r.config.index for r in records}) == 7
+    assert first < {r.config.index for r in records}
+    again = run_session(TASK, host, options(n_trials=7), log)
+    assert again.new_trials == 0 and len(log.records()) == 7
+
+
+def test_other_thread_count_is_a_separate_budget(tmp_path, host):
+    log = TuningLog(tmp_path / "log")
+    run_session(TASK, host, options(n_trials=3), log)
+    two = FAST.model_copy(update={"threads": 2})
+    summary = run_session(TASK, host, options(n_trials=3, measure=two), log)
+    assert summary.new_trials == 3
+    assert sorted(r.threads for r in log.records()) == [1, 1, 1, 2, 2, 2]
+
+
+def test_early_stopping_stops_without_new_best(tmp_path, host):
+    session = TuningSession(TASK, host, options(n_trials=50, early_stopping=2), TuningLog(tmp_path / "log"))
+    from schemas import MeasureResult
+
+    configs = session.propose()
+    session.record(configs, [MeasureResult(costs=(1.0,)), MeasureResult(costs=(2.0,)), MeasureResult(costs=(3.0,))])
+    assert session.done
+    assert session.best is not None and session.best.config == configs[0]
+
+
+@pytest.mark.parametrize("tuner", ["grid", "random"])
+def test_tuners_never_repeat_a_config(tmp_path, host, tuner):
+    session = TuningSession(TASK, host, options(n_trials=40, tuner=tuner), TuningLog(tmp_path / "log"))
+    seen = []
+    for _ in range(5):
+        batch = session.propose()
+        assert batch
+        seen += [c.index for c in batch]
+    assert len(seen) == len(set(seen)) == 15
+    assert all(session.space.is_valid(i) for i in seen)
