@@ -1,0 +1,106 @@
+"""Static shape inference of normalised nodes: one small function per op, looked up by op type."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import numpy as np
+
+from stages.extract.errors import ModelError
+from stages.graph.reference import pool_out
+
+Shape = tuple[int, ...]
+
+
+def _same(s: list[Shape], a: dict) -> list[Shape]:
+    return [s[0]]
+
+
+def _broadcast(s: list[Shape], a: dict) -> list[Shape]:
+    return [tuple(np.broadcast_shapes(*s))]
+
+
+def _conv(s: list[Shape], a: dict) -> list[Shape]:
+    (n, c, h, w), (o, cg, kh, kw) = s[0], s[1]
+    if len(s[0]) != 4 or c != cg * a["group"] or o % a["group"]:
+        raise ValueError(f"input {list(s[0])} and weight {list(s[1])} do not fit group={a['group']}")
+    (sh, sw), (dh, dw), (pt, pl, pb, pr) = a["strides"], a["dilations"], a["pads"]
+    return [(n, o, pool_out(h, kh, sh, pt, pb, dh, 0), pool_out(w, kw, sw, pl, pr, dw, 0))]
+
+
+def _pool(s: list[Shape], a: dict) -> list[Shape]:
+    *lead, h, w = s[0]
+    (kh, kw), (sh, sw), (dh, dw), (pt, pl, pb, pr) = a["kernel_shape"], a["strides"], a["dilations"], a["pads"]
+    return [(*lead, pool_out(h, kh, sh, pt, pb, dh, a["ceil_mode"]), pool_out(w, kw, sw, pl, pr, dw, a["ceil_mode"]))]
+
+
+def _matmul(s: list[Shape], a: dict) -> list[Shape]:
+    x, y = s
+    xx, yy = (1, *x) if len(x) == 1 else x, (*y, 1) if len(y) == 1 else y
+    if xx[-1] != yy[-2]:
+        raise ValueError(f"inner dimensions differ: {list(x)} @ {list(y)}")
+    out = (*np.broadcast_shapes(xx[:-2], yy[:-2]), xx[-2], yy[-1])
+    if len(x) == 1:
+        out = out[:-2] + out[-1:]
+    if len(y) == 1:
+        out = out[:-1]
+    return [tuple(out)]
+
+
+def _gemm(s: list[Shape], a: dict) -> list[Shape]:
+    m, k = s[0][::-1] if a["transA"] else s[0]
+    k2, n = s[1][::-1] if a["transB"] else s[1]
+    if k != k2:
+        raise ValueError(f"inner dimensions differ: {list(s[0])} and {list(s[1])}")
+    if len(s) > 2:
+        np.broadcast_shapes(s[2], (m, n))
+    return [(m, n)]
+
+
+def _concat(s: list[Shape], a: dict) -> list[Shape]:
+    ax = a["axis"]
+    out = list(s[0])
+    out[ax] = sum(x[ax] for x in s)
+    if any(len(x) != len(out) or x[:ax] + x[ax + 1:] != s[0][:ax] + s[0][ax + 1:] for x in s):
+        raise ValueError(f"cannot concatenate {[list(x) for x in s]} on axis {ax}")
+    return [tuple(out)]
+
+
+def _split(s: list[Shape], a: dict) -> list[Shape]:
+    return [s[0][:a["axis"]] + (n,) + s[0][a["axis"] + 1:] for n in a["split"]]
+
+
+def _pad(s: list[Shape], a: dict) -> list[Shape]:
+    r = len(s[0])
+    return [tuple(d + a["pads"][i] + a["pads"][i + r] for i, d in enumerate(s[0]))]
+
+
+def _reduce(s: list[Shape], a: dict) -> list[Shape]:
+    if a["keepdims"]:
+        return [tuple(1 if i in a["axes"] else d for i, d in enumerate(s[0]))]
+    return [tuple(d for i, d in enumerate(s[0]) if i not in a["axes"])]
+
+
+SHAPES: dict[str, Callable[[list[Shape], dict], list[Shape]]] = {
+    **{op: _same for op in ("Relu", "Sigmoid", "Tanh", "Erf", "Sqrt", "LeakyRelu", "Gelu", "Clip", "Softmax",
+                            "LogSoftmax", "LRN", "LayerNormalization", "BatchNormalization")},
+    **{op: _broadcast for op in ("Add", "Sub", "Mul", "Div", "Pow", "Sum")},
+    "Conv": _conv, "MaxPool": _pool, "AveragePool": _pool, "MatMul": _matmul, "Gemm": _gemm,
+    "GlobalAveragePool": lambda s, a: [s[0][:2] + (1,) * (len(s[0]) - 2)],
+    "Reshape": lambda s, a: [tuple(a["shape"])], "Flatten": lambda s, a: [tuple(a["shape"])],
+    "Transpose": lambda s, a: [tuple(s[0][p] for p in a["perm"])],
+    "Concat": _concat, "Split": _split, "Pad": _pad, "ReduceMean": _reduce,
+    "Slice": lambda s, a: [tuple(a["sizes"])],
+}
+
+
+def infer(op: str, node: str, shapes: list[Shape], attrs: dict) -> list[Shape]:
+    """Output shapes of one normalised node; a mismatch is a ModelError naming the node."""
+    try:
+        out = SHAPES[op](shapes, attrs)
+    except (ValueError, IndexError, KeyError) as exc:
+        raise ModelError(f"{op} {node!r}: {exc}") from None
+    for shape in out:
+        if any(d <= 0 for d in shape):
+            raise ModelError(f"{op} {node!r}: output shape {list(shape)} has an empty dimension")
+    return out

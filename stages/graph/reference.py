@@ -1,0 +1,278 @@
+"""A numpy interpreter of the Graph: the oracle for tests and the constant folder of the importer.
+
+It runs the graph in node order with plain numpy, so it is slow but obviously right. Attributes
+are the importer's normalised ones (the same the library build reads):
+
+- Conv / conv2d: `strides` (2), `pads` (top, left, bottom, right), `dilations` (2), `group`.
+- MaxPool / AveragePool: `kernel_shape`, `strides`, `pads` (top, left, bottom, right),
+  `dilations`, `ceil_mode`, `count_include_pad`.
+- Reshape / Flatten: `shape` (the output shape). Transpose: `perm`. Concat / Split: `axis`
+  (non-negative), Split also `split` (sizes). Slice: `starts`, `steps` and `sizes` for every
+  axis (element i of an axis is `starts + i * steps`). Pad: `pads` (all begins, then all
+  ends), `mode`, `value`. Softmax / LogSoftmax: `axis` (one axis). LayerNormalization: `axis`,
+  `epsilon`. ReduceMean: `axes`, `keepdims`. Clip: `min`, `max`. LeakyRelu: `alpha`.
+  LRN: `size`, `alpha`, `beta`, `bias`. Gelu: `approximate`. Gemm: `alpha`, `beta`,
+  `transA`, `transB`. BatchNormalization: `epsilon`.
+- Anchors (`conv2d`, `dense`, `matmul`, `batch_matmul`) carry a `TuningTask`; their node inputs
+  are the task inputs in order (X, W, then the epilogue tensors) and their tensors may be
+  contiguous reshapes of the task's specs (a dense over [1, S, K] activations has X spec (S, K)).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+
+import numpy as np
+
+from schemas.task import EpilogueOp, TuningTask
+from stages.graph.ir import Graph, Node
+
+OpFn = Callable[[list[np.ndarray], dict], list[np.ndarray]]
+
+
+def run(graph: Graph, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """Evaluate the graph on `feeds` (one array per graph input) and return its outputs by name."""
+    env: dict[str, np.ndarray] = dict(graph.constants)
+    for value in graph.inputs:
+        if value.name not in feeds:
+            raise ValueError(f"missing input {value.name!r}")
+        arr = np.asarray(feeds[value.name], dtype=value.dtype)
+        if arr.shape != value.shape:
+            raise ValueError(f"input {value.name!r} has shape {arr.shape}, the graph wants {value.shape}")
+        env[value.name] = arr
+    for node in graph.nodes:
+        args = [env[name] for name in node.inputs]
+        results = run_node(node, args)
+        for name, res in zip(node.outputs, results, strict=True):
+            env[name] = res.reshape(graph.values[name].shape) if name in graph.values else res
+    return {v.name: env[v.name] for v in graph.outputs}
+
+
+def run_node(node: Node, args: list[np.ndarray]) -> list[np.ndarray]:
+    if node.task is not None:
+        return [run_anchor(node.task, args)]
+    try:
+        fn = OPS[node.op]
+    except KeyError:
+        raise ValueError(f"the reference interpreter has no op {node.op!r} (node {node.name!r})") from None
+    return fn(args, node.attrs)
+
+
+# --- anchors -----------------------------------------------------------------------------------
+
+def run_anchor(task: TuningTask, args: list[np.ndarray]) -> np.ndarray:
+    """The anchor op followed by its epilogue, on arrays shaped like the task's specs."""
+    args = [a.reshape(spec.shape) for a, spec in zip(args, task.inputs, strict=True)]
+    x, w = args[0], args[1]
+    if task.op == "conv2d":
+        a = task.attrs
+        y = conv2d(x, w, a["strides"], a["pads"], a["dilations"], int(a["group"]))
+    elif task.op == "dense":
+        y = x @ w.T
+    else:
+        y = np.matmul(x, w)
+    return apply_epilogue(task.epilogue, y, args[2:], channel_axis=1 if task.op == "conv2d" else -1)
+
+
+def apply_epilogue(ops: tuple[EpilogueOp, ...], y: np.ndarray, tensors: list[np.ndarray],
+                   channel_axis: int) -> np.ndarray:
+    """Epilogue ops in order; per-channel tensors broadcast along `channel_axis`."""
+    rest = list(tensors)
+    shape = [1] * y.ndim
+    shape[channel_axis] = y.shape[channel_axis]
+
+    def channel() -> np.ndarray:
+        return rest.pop(0).reshape(shape)
+
+    for op in ops:
+        if op.kind == "bias":
+            y = y + channel()
+        elif op.kind == "scale_shift":
+            scale = channel()
+            y = y * scale + channel()
+        elif op.kind == "residual_add":
+            y = y + rest.pop(0).reshape(y.shape)
+        else:
+            y = UNARY[op.kind](y, op.attrs)
+    return y.astype(np.float32)
+
+
+def conv2d(x: np.ndarray, w: np.ndarray, strides, pads, dilations, group: int) -> np.ndarray:
+    """NCHW x OIHW convolution as a sum over kernel positions of grouped channel contractions."""
+    n, c, h, wd = x.shape
+    o, cg, kh, kw = w.shape
+    (sh, sw), (dh, dw), (pt, pl, pb, pr) = strides, dilations, pads
+    oh = (h + pt + pb - (dh * (kh - 1) + 1)) // sh + 1
+    ow = (wd + pl + pr - (dw * (kw - 1) + 1)) // sw + 1
+    xp = np.pad(x, ((0, 0), (0, 0), (pt, pb), (pl, pr))).reshape(n, group, cg, h + pt + pb, wd + pl + pr)
+    wg = w.reshape(group, o // group, cg, kh, kw)
+    out = np.zeros((n, group, o // group, oh, ow), dtype=np.float64)
+    for i in range(kh):
+        for j in range(kw):
+            patch = xp[..., i * dh: i * dh + sh * (oh - 1) + 1: sh, j * dw: j * dw + sw * (ow - 1) + 1: sw]
+            out += np.einsum("ngchw,goc->ngohw", patch, wg[..., i, j], optimize=True)
+    return out.reshape(n, o, oh, ow).astype(np.float32)
+
+
+# --- memory-bound ops ---------------------------------------------------------------------------
+
+def _erf(x: np.ndarray) -> np.ndarray:
+    return np.vectorize(math.erf, otypes=[np.float64])(x.astype(np.float64)).astype(x.dtype)
+
+
+def _gelu(x: np.ndarray, approximate: str = "none") -> np.ndarray:
+    if approximate == "tanh":
+        return 0.5 * x * (1 + np.tanh(np.sqrt(2 / np.pi) * (x + 0.044715 * x ** 3)))
+    return 0.5 * x * (1 + _erf(x / np.sqrt(2)))
+
+
+def _sigmoid(x: np.ndarray) -> np.ndarray:
+    return 1 / (1 + np.exp(-x))
+
+
+UNARY: dict[str, Callable[[np.ndarray, dict], np.ndarray]] = {
+    "relu": lambda x, a: np.maximum(x, 0),
+    "clip": lambda x, a: np.clip(x, a.get("min", -np.inf), a.get("max", np.inf)),
+    "leaky_relu": lambda x, a: np.where(x >= 0, x, x * a.get("alpha", 0.01)),
+    "sigmoid": lambda x, a: _sigmoid(x),
+    "tanh": lambda x, a: np.tanh(x),
+    "gelu": lambda x, a: _gelu(x),
+}
+
+
+def _pool(x: np.ndarray, a: dict, kind: str) -> np.ndarray:
+    """Max or average pooling over the last two axes, with ONNX padding and ceil_mode rules."""
+    kh, kw = a["kernel_shape"]
+    (sh, sw), (dh, dw) = a["strides"], a.get("dilations", (1, 1))
+    pt, pl, pb, pr = a["pads"]
+    h, w = x.shape[-2:]
+    oh = pool_out(h, kh, sh, pt, pb, dh, a.get("ceil_mode", 0))
+    ow = pool_out(w, kw, sw, pl, pr, dw, a.get("ceil_mode", 0))
+    eb = max(0, (oh - 1) * sh + dh * (kh - 1) + 1 - (h + pt + pb))
+    er = max(0, (ow - 1) * sw + dw * (kw - 1) + 1 - (w + pl + pr))
+    width = ((0, 0),) * (x.ndim - 2)
+    fill = -np.inf if kind == "max" else 0.0
+    xp = np.pad(x, width + ((pt, pb + eb), (pl, pr + er)), constant_values=fill)
+    acc = np.full(x.shape[:-2] + (oh, ow), fill, dtype=np.float64)
+    ones = np.ones((h, w))
+    inner = 1.0 if a.get("count_include_pad", 0) else 0.0
+    count = np.pad(np.pad(ones, ((pt, pb), (pl, pr)), constant_values=inner), ((0, eb), (0, er)))
+    cnt = np.zeros((oh, ow))
+    for i in range(kh):
+        for j in range(kw):
+            win = (slice(i * dh, i * dh + sh * (oh - 1) + 1, sh), slice(j * dw, j * dw + sw * (ow - 1) + 1, sw))
+            patch = xp[(..., *win)]
+            acc = np.maximum(acc, patch) if kind == "max" else acc + patch
+            cnt += count[win]
+    return (acc if kind == "max" else acc / cnt).astype(x.dtype)
+
+
+def pool_out(size: int, k: int, s: int, pad_begin: int, pad_end: int, d: int, ceil_mode: int) -> int:
+    """Output length of a pooling window sweep (a last window starting in the end padding is dropped)."""
+    span = size + pad_begin + pad_end - (d * (k - 1) + 1)
+    out = (-(-span // s) if ceil_mode else span // s) + 1
+    if ceil_mode and (out - 1) * s >= size + pad_begin:
+        out -= 1
+    return out
+
+
+def _softmax(x: np.ndarray, axis: int) -> np.ndarray:
+    e = np.exp(x - x.max(axis=axis, keepdims=True))
+    return e / e.sum(axis=axis, keepdims=True)
+
+
+def _layer_norm(args: list[np.ndarray], a: dict) -> list[np.ndarray]:
+    x, scale = args[0], args[1]
+    axes = tuple(range(a["axis"], x.ndim))
+    mean = x.mean(axis=axes, keepdims=True)
+    var = ((x - mean) ** 2).mean(axis=axes, keepdims=True)
+    y = (x - mean) / np.sqrt(var + a.get("epsilon", 1e-5)) * scale
+    return [(y + args[2] if len(args) > 2 else y).astype(x.dtype)]
+
+
+def _lrn(x: np.ndarray, a: dict) -> np.ndarray:
+    size = int(a["size"])
+    sq = np.pad(x.astype(np.float64) ** 2, ((0, 0), ((size - 1) // 2, size // 2)) + ((0, 0),) * (x.ndim - 2))
+    total = sum(sq[:, i: i + x.shape[1]] for i in range(size))
+    return (x / (a.get("bias", 1.0) + a.get("alpha", 1e-4) / size * total) ** a.get("beta", 0.75)).astype(x.dtype)
+
+
+def _pad(x: np.ndarray, a: dict) -> np.ndarray:
+    r = x.ndim
+    begins, ends = a["pads"][:r], a["pads"][r:]
+    crop = tuple(slice(max(0, -b), x.shape[i] - max(0, -e)) for i, (b, e) in enumerate(zip(begins, ends, strict=True)))
+    widths = [(max(0, b), max(0, e)) for b, e in zip(begins, ends, strict=True)]
+    mode = a.get("mode", "constant")
+    if mode == "constant":
+        return np.pad(x[crop], widths, constant_values=a.get("value", 0.0))
+    return np.pad(x[crop], widths, mode="reflect" if mode == "reflect" else "edge")
+
+
+def _slice(x: np.ndarray, a: dict) -> np.ndarray:
+    index = [s + st * np.arange(n) for s, st, n in zip(a["starts"], a["steps"], a["sizes"], strict=True)]
+    return x[np.ix_(*index)] if x.ndim else x
+
+
+def _gemm(args: list[np.ndarray], a: dict) -> list[np.ndarray]:
+    x = args[0].T if a.get("transA", 0) else args[0]
+    w = args[1].T if a.get("transB", 0) else args[1]
+    y = a.get("alpha", 1.0) * (x @ w)
+    if len(args) > 2:
+        y = y + a.get("beta", 1.0) * args[2]
+    return [y.astype(args[0].dtype)]
+
+
+def _batch_norm(args: list[np.ndarray], a: dict) -> list[np.ndarray]:
+    x, scale, bias, mean, var = args
+    shape = (1, -1) + (1,) * (x.ndim - 2)
+    inv = scale / np.sqrt(var + a.get("epsilon", 1e-5))
+    return [((x - mean.reshape(shape)) * inv.reshape(shape) + bias.reshape(shape)).astype(x.dtype)]
+
+
+def _same(dtype_of: np.ndarray, y: np.ndarray) -> np.ndarray:
+    return y.astype(dtype_of.dtype) if isinstance(y, np.ndarray) else np.asarray(y, dtype=dtype_of.dtype)
+
+
+def _binary(fn: Callable[[np.ndarray, np.ndarray], np.ndarray]) -> OpFn:
+    return lambda args, a: [_same(args[0], fn(args[0], args[1]))]
+
+
+def _unary(fn: Callable[[np.ndarray, dict], np.ndarray]) -> OpFn:
+    return lambda args, a: [_same(args[0], fn(args[0], a))]
+
+
+def _div(x: np.ndarray, y: np.ndarray) -> np.ndarray:
+    if np.issubdtype(x.dtype, np.integer):
+        return np.trunc(x / y).astype(x.dtype)
+    return x / y
+
+
+OPS: dict[str, OpFn] = {
+    "Add": _binary(np.add), "Sub": _binary(np.subtract), "Mul": _binary(np.multiply), "Div": _binary(_div),
+    "Pow": _binary(np.power),
+    "Sum": lambda args, a: [_same(args[0], sum(args[1:], args[0]))],
+    "Relu": _unary(UNARY["relu"]), "Clip": _unary(UNARY["clip"]), "LeakyRelu": _unary(UNARY["leaky_relu"]),
+    "Sigmoid": _unary(UNARY["sigmoid"]), "Tanh": _unary(UNARY["tanh"]), "Erf": _unary(lambda x, a: _erf(x)),
+    "Gelu": _unary(lambda x, a: _gelu(x, a.get("approximate", "none"))), "Sqrt": _unary(lambda x, a: np.sqrt(x)),
+    "Softmax": _unary(lambda x, a: _softmax(x, a["axis"])),
+    "LogSoftmax": _unary(lambda x, a: np.log(_softmax(x, a["axis"]))),
+    "LRN": _unary(_lrn),
+    "ReduceMean": _unary(lambda x, a: x.mean(axis=tuple(a["axes"]), keepdims=bool(a.get("keepdims", 1)))),
+    "MaxPool": _unary(lambda x, a: _pool(x, a, "max")),
+    "AveragePool": _unary(lambda x, a: _pool(x, a, "avg")),
+    "GlobalAveragePool": _unary(lambda x, a: x.mean(axis=tuple(range(2, x.ndim)), keepdims=True)),
+    "Reshape": lambda args, a: [args[0].reshape(a["shape"])],
+    "Flatten": lambda args, a: [args[0].reshape(a["shape"])],
+    "Transpose": lambda args, a: [np.ascontiguousarray(args[0].transpose(a["perm"]))],
+    "Concat": lambda args, a: [np.concatenate(args, axis=a["axis"])],
+    "Split": lambda args, a: np.split(args[0], np.cumsum(a["split"])[:-1], axis=a["axis"]),
+    "Slice": _unary(_slice),
+    "Pad": _unary(_pad),
+    "LayerNormalization": _layer_norm,
+    "Gemm": _gemm,
+    "MatMul": lambda args, a: [_same(args[0], np.matmul(args[0], args[1]))],
+    "Conv": lambda args, a: [conv2d(args[0], args[1], a["strides"], a["pads"], a["dilations"], a["group"])
+                             + (args[2].reshape(1, -1, 1, 1) if len(args) > 2 else 0)],
+    "BatchNormalization": _batch_norm,
+}
