@@ -1,0 +1,277 @@
+"""Build one shared library for a whole graph: tuned anchor kernels + generated ops + `tf_run`.
+
+Each anchor kernel is its template's module (with the chosen schedule) compiled to its own
+object, its `tf_main` renamed so many kernels link into one library. Every other op is
+generated into one module together with
+
+    void tf_run(void **inputs, void **outputs, char *weights, char *workspace)
+
+which calls the kernels in graph order, each with an argument array pointing into the
+caller's inputs/outputs, the packed weights file, or the statically planned workspace.
+The objects are linked with the system C compiler (`cc -shared`).
+"""
+
+from __future__ import annotations
+
+import math
+import re
+import shutil
+import subprocess
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+from llvmlite import ir
+
+from schemas.target import Target
+from stages.build.apply_best import Choice, choose, fallback_message
+from stages.build.manifest import (
+    LIBRARY,
+    MANIFEST,
+    WEIGHTS,
+    Manifest,
+    OpInfo,
+    TensorInfo,
+    file_digest,
+    log_digest,
+)
+from stages.build.memplan import Step, aligned, plan_workspace
+from stages.build.ops import ALIASES, OPS, OpCtx, UnsupportedOp, unsupported_nodes
+from stages.codegen.compile import compile_ir
+from stages.codegen.irb import VOIDP, i64
+from stages.graph.ir import Graph, Node
+from stages.log import TuningLog
+from stages.templates import template_for
+
+RUN = "tf_run"
+
+
+class BuildError(Exception):
+    """The graph cannot be built into a library; the message says which node and why."""
+
+
+@dataclass
+class _Call:
+    node: Node
+    symbol: str
+    slots: list[str]
+    anchor: bool
+
+
+def find_compiler(cc: str | None = None) -> str:
+    found = shutil.which(cc) if cc else next(filter(None, map(shutil.which, ("cc", "gcc", "clang"))), None)
+    if not found:
+        raise BuildError(f"no C compiler found ({cc or 'cc, gcc or clang'}) to link the library: "
+                         "install one (e.g. apt-get install gcc) or pass its path")
+    return found
+
+
+def build_library(graph: Graph, target: Target, out: Path, threads: int = 1, log: Path | None = None,
+                  on_fallback: Callable[[str], None] | None = None, cc: str | None = None) -> Manifest:
+    """Write OUT/model.so, OUT/weights.bin and OUT/manifest.json; returns the manifest."""
+    start = time.perf_counter()
+    missing = unsupported_nodes(graph.nodes)
+    if missing:
+        raise BuildError("no kernel for these op types (nodes): " + "; ".join(missing))
+    compiler = find_compiler(cc)
+    tuning_log = TuningLog(log) if log is not None else None
+    choices = choose([n.task for n in graph.nodes if n.task is not None], tuning_log, target, threads)
+    message = fallback_message(choices)
+    if message and on_fallback:
+        on_fallback(message)
+
+    outputs = {v.name for v in graph.outputs}
+    for v in graph.outputs:
+        if v.name in graph.constants or v.name in {i.name for i in graph.inputs}:
+            raise BuildError(f"graph output {v.name!r} is a graph input or a constant; nothing computes it")
+    module = ir.Module(name="tf_model")
+    module.triple = target.triple
+    root: dict[str, str] = {}
+    constants: dict[str, np.ndarray] = {}
+    calls: list[_Call] = []
+    objects: list[bytes] = []
+    infos: list[OpInfo] = []
+    for idx, node in enumerate(graph.nodes):
+        symbol = f"tf_op{idx}"
+        if node.task is not None:
+            choice = choices[node.task.signature]
+            slots, packed, obj = _anchor(graph, node, choice, target, threads, symbol)
+            constants.update(packed)
+            objects.append(obj)
+            calls.append(_Call(node, symbol, slots, anchor=True))
+            infos.append(_anchor_info(node, choice))
+        elif node.op in ALIASES and node.outputs[0] not in outputs:
+            root[node.outputs[0]] = root.get(node.inputs[0], node.inputs[0])
+            infos.append(OpInfo(node=node.name, op=node.op, kind="alias"))
+        else:
+            ctx = OpCtx.open(module, graph, node, symbol)
+            try:
+                OPS[node.op](ctx)
+            except (UnsupportedOp, ValueError) as exc:
+                raise BuildError(str(exc)) from exc
+            ctx.close()
+            constants.update(ctx.new_constants)
+            calls.append(_Call(node, symbol, ctx.slots, anchor=False))
+            infos.append(OpInfo(node=node.name, op=node.op, kind="generated"))
+
+    for c in calls:
+        c.slots = [root.get(s, s) for s in c.slots]
+    constants.update({s: graph.constants[s] for c in calls for s in c.slots if s in graph.constants})
+    weight_offsets, weights_blob = _pack_weights(constants)
+    work = _work_tensors(graph, calls, constants)
+    plan = plan_workspace([Step(tuple(s for s in c.slots if s not in c.node.outputs),
+                                tuple(s for s in c.slots if s in c.node.outputs)) for c in calls], work)
+    _check_computed(graph, calls, constants)
+    _emit_run(module, calls, graph, weight_offsets, plan.offsets)
+    objects.append(compile_ir(module, target).data)
+
+    out.mkdir(parents=True, exist_ok=True)
+    _link(compiler, objects, out / LIBRARY)
+    (out / WEIGHTS).write_bytes(weights_blob)
+    manifest = Manifest(
+        model=graph.name,
+        inputs=tuple(TensorInfo(name=v.name, shape=v.shape, dtype=v.dtype) for v in graph.inputs),
+        outputs=tuple(TensorInfo(name=v.name, shape=v.shape, dtype=v.dtype) for v in graph.outputs),
+        target=target, target_key=target.key, threads=threads,
+        log=str(log) if log is not None else None,
+        log_digest=log_digest(log) if log is not None else None,
+        workspace_bytes=plan.size, naive_workspace_bytes=plan.naive_size, weights_bytes=len(weights_blob),
+        ops=tuple(infos),
+        files={LIBRARY: file_digest(out / LIBRARY), WEIGHTS: file_digest(out / WEIGHTS)},
+        build_s=time.perf_counter() - start,
+    )
+    (out / MANIFEST).write_text(manifest.model_dump_json(indent=1))
+    return manifest
+
+
+def _anchor(graph: Graph, node: Node, choice: Choice, target: Target, threads: int,
+            symbol: str) -> tuple[list[str], dict[str, np.ndarray], bytes]:
+    """Slots, packed weights and the compiled object of one anchor kernel."""
+    task, knobs = node.task, dict(choice.config.knobs)
+    tpl = template_for(task)
+    inputs = [n for n in node.inputs if n]
+    holders = tpl.make_inputs(task, seed=0)
+    if len(holders) != len(inputs):
+        raise BuildError(f"node {node.name!r}: task {task.description} takes {len(holders)} inputs, "
+                         f"the node has {len(inputs)}")
+    arrays = []
+    for name, h in zip(inputs, holders, strict=True):
+        value = graph.constants.get(name)
+        size = value.size if value is not None else math.prod(graph.values[name].shape)
+        if size != h.size:
+            raise BuildError(f"node {node.name!r}: input {name!r} has {size} elements, the task expects {h.shape}")
+        arrays.append(np.ascontiguousarray(value, dtype=np.float32).reshape(h.shape) if value is not None
+                      else np.zeros(h.shape, dtype=np.float32))
+    args = tpl.kernel_args(task, knobs, arrays)
+    slots: list[str] = []
+    packed: dict[str, np.ndarray] = {}
+    for k, arg in enumerate(args[:-1]):
+        same = [n for n, a in zip(inputs, arrays, strict=True)
+                if n not in graph.constants and arg.ctypes.data == a.ctypes.data and arg.nbytes == a.nbytes]
+        if same:
+            slots.append(same[0])
+        elif any(n not in graph.constants and np.shares_memory(arg, a) for n, a in zip(inputs, arrays, strict=True)):
+            raise BuildError(f"node {node.name!r}: template {tpl.NAME} rearranges an activation input at build time")
+        else:
+            packed[f"{node.name}/arg{k}"] = np.ascontiguousarray(arg, dtype=np.float32)
+            slots.append(f"{node.name}/arg{k}")
+    if args[-1].size != math.prod(graph.values[node.outputs[0]].shape):
+        raise BuildError(f"node {node.name!r}: kernel output has {args[-1].size} elements, "
+                         f"the graph's {node.outputs[0]!r} is {graph.values[node.outputs[0]].shape}")
+    slots.append(node.outputs[0])
+    text = str(tpl.build_ir(task, knobs, target, threads))
+    renamed = re.sub(r'@"?tf_(main|bench)"?(?=[\s(,)])', lambda m: f'@"{symbol}_{m.group(1)}"', text)
+    if f'@"{symbol}_main"' not in renamed or re.search(r'@"?tf_main\b', renamed):
+        raise BuildError(f"node {node.name!r}: template {tpl.NAME} did not export tf_main as expected")
+    try:
+        return slots, packed, compile_ir(renamed, target).data
+    except ValueError as exc:
+        raise BuildError(f"node {node.name!r}: {exc}") from exc
+
+
+def _anchor_info(node: Node, choice: Choice) -> OpInfo:
+    rec = choice.record
+    return OpInfo(
+        node=node.name, op=node.op, kind="tuned" if rec else "default", task=choice.task.description,
+        task_signature=choice.task.signature, knobs=dict(choice.config.knobs),
+        record=None if rec is None else {"session_id": rec.session_id, "trial": rec.trial,
+                                         "median_s": rec.result.median, "gflops": rec.gflops},
+    )
+
+
+def _pack_weights(constants: dict[str, np.ndarray]) -> tuple[dict[str, int], bytes]:
+    offsets: dict[str, int] = {}
+    chunks: list[bytes] = []
+    pos = 0
+    for name, arr in constants.items():
+        data = np.ascontiguousarray(arr, dtype=np.float32).tobytes()
+        offsets[name] = pos
+        chunks.append(data + b"\0" * (aligned(len(data)) - len(data)))
+        pos += aligned(len(data))
+    return offsets, b"".join(chunks)
+
+
+def _work_tensors(graph: Graph, calls: list[_Call], constants: dict[str, np.ndarray]) -> dict[str, int]:
+    external = {v.name for v in graph.inputs} | {v.name for v in graph.outputs} | set(constants)
+    return {s: 4 * math.prod(graph.values[s].shape) for c in calls for s in c.slots if s not in external}
+
+
+def _check_computed(graph: Graph, calls: list[_Call], constants: dict[str, np.ndarray]) -> None:
+    ready = {v.name for v in graph.inputs} | set(constants)
+    for c in calls:
+        for s in c.slots:
+            if s not in c.node.outputs and s not in ready:
+                raise BuildError(f"node {c.node.name!r} reads {s!r}, which no earlier kernel computes")
+        ready.update(s for s in c.slots if s in c.node.outputs)
+    lost = [v.name for v in graph.outputs if v.name not in ready]
+    if lost:
+        raise BuildError(f"graph output(s) {lost} are never computed")
+
+
+def _emit_run(module: ir.Module, calls: list[_Call], graph: Graph, weights: dict[str, int],
+              work: dict[str, int]) -> None:
+    vpp = VOIDP.as_pointer()
+    fn = ir.Function(module, ir.FunctionType(ir.VoidType(), [vpp, vpp, VOIDP, VOIDP]), name=RUN)
+    inputs, outputs, wbase, wsbase = fn.args
+    b = ir.IRBuilder(fn.append_basic_block("entry"))
+    in_idx = {v.name: i for i, v in enumerate(graph.inputs)}
+    out_idx = {v.name: j for j, v in enumerate(graph.outputs)}
+
+    def pointer(name: str) -> ir.Value:
+        if name in out_idx:
+            return b.load(b.gep(outputs, [i64(out_idx[name])]))
+        if name in in_idx:
+            return b.load(b.gep(inputs, [i64(in_idx[name])]))
+        if name in weights:
+            return b.gep(wbase, [i64(weights[name])])
+        return b.gep(wsbase, [i64(work[name])])
+
+    for c in calls:
+        arr = b.alloca(VOIDP, size=i64(len(c.slots)))
+        for k, name in enumerate(c.slots):
+            b.store(pointer(name), b.gep(arr, [i64(k)]))
+        target = module.globals.get(c.symbol)
+        if c.anchor:
+            target = ir.Function(module, ir.FunctionType(ir.VoidType(), [VOIDP]), name=f"{c.symbol}_main")
+            b.call(target, [b.bitcast(arr, VOIDP)])
+        else:
+            b.call(target, [arr])
+    b.ret_void()
+
+
+def _link(compiler: str, objects: list[bytes], dest: Path) -> None:
+    with tempfile.TemporaryDirectory(prefix="tunaflow-link-") as tmp:
+        paths = []
+        for i, data in enumerate(objects):
+            p = Path(tmp) / f"k{i}.o"
+            p.write_bytes(data)
+            paths.append(str(p))
+        tmp_out = Path(tmp) / LIBRARY
+        proc = subprocess.run([compiler, "-shared", "-o", str(tmp_out), *paths, "-lm", "-lpthread"],
+                              capture_output=True, text=True)
+        if proc.returncode != 0:
+            raise BuildError(f"linking with {compiler} failed:\n{proc.stderr.strip()}")
+        shutil.move(str(tmp_out), dest)

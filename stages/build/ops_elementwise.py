@@ -1,0 +1,171 @@
+"""Element-wise ops with numpy broadcasting: one loop nest, operands read through broadcast strides."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+
+import numpy as np
+from llvmlite import ir
+
+from stages.build.loops import (
+    Combine,
+    Operand,
+    broadcast_strides,
+    call_f32,
+    contiguous_strides,
+    emit_map,
+    f32,
+    select_max,
+    select_min,
+)
+from stages.build.opctx import OpCtx
+
+
+def elementwise(ctx: OpCtx, fn: Combine, inputs: list[int] | None = None) -> None:
+    """out = fn(inputs...) broadcast to the output's shape."""
+    shape = ctx.out_shape()
+    idx = inputs if inputs is not None else [i for i in range(len(ctx.node.inputs)) if ctx.has_input(i)]
+    ins = [Operand(ctx.inp(i), broadcast_strides(ctx.in_shape(i), shape)) for i in idx]
+    emit_map(ctx.b, shape, Operand(ctx.out(), contiguous_strides(shape)), ins, fn)
+
+
+def _unary(f: Callable[[ir.IRBuilder, ir.Value], ir.Value]) -> Callable[[OpCtx], None]:
+    return lambda ctx: elementwise(ctx, lambda b, v: f(b, v[0]), [0])
+
+
+def _fold(f: Callable[[ir.IRBuilder, ir.Value, ir.Value], ir.Value]) -> Combine:
+    def fn(b: ir.IRBuilder, v: list[ir.Value]) -> ir.Value:
+        acc = v[0]
+        for x in v[1:]:
+            acc = f(b, acc, x)
+        return acc
+    return fn
+
+
+def sigmoid(b: ir.IRBuilder, x: ir.Value) -> ir.Value:
+    return b.fdiv(f32(1), b.fadd(f32(1), call_f32(b, "llvm.exp.f32", b.fneg(x))))
+
+
+def relu(b: ir.IRBuilder, x: ir.Value) -> ir.Value:
+    return b.select(b.fcmp_ordered(">", x, f32(0)), x, f32(0))
+
+
+def _gelu(ctx: OpCtx) -> None:
+    if ctx.attr("approximate", "none") == "tanh":
+        c = math.sqrt(2 / math.pi)
+
+        def f(b, x):
+            inner = b.fmul(f32(c), b.fadd(x, b.fmul(f32(0.044715), b.fmul(x, b.fmul(x, x)))))
+            return b.fmul(b.fmul(f32(0.5), x), b.fadd(f32(1), call_f32(b, "tanhf", inner)))
+    else:
+        def f(b, x):
+            erf = call_f32(b, "erff", b.fmul(x, f32(1 / math.sqrt(2))))
+            return b.fmul(b.fmul(f32(0.5), x), b.fadd(f32(1), erf))
+    elementwise(ctx, lambda b, v: f(b, v[0]), [0])
+
+
+def _clip(ctx: OpCtx) -> None:
+    lo = ctx.static(1, "min")
+    hi = ctx.static(2, "max")
+
+    def f(b, v):
+        x = v[0]
+        if lo is not None:
+            x = select_max(b, x, f32(float(lo)))
+        if hi is not None:
+            x = select_min(b, x, f32(float(hi)))
+        return x
+    elementwise(ctx, f, [0])
+
+
+def _leaky_relu(ctx: OpCtx) -> None:
+    alpha = float(ctx.attr("alpha", 0.01))
+    elementwise(ctx, lambda b, v: b.select(b.fcmp_ordered(">=", v[0], f32(0)), v[0], b.fmul(v[0], f32(alpha))), [0])
+
+
+def _elu(ctx: OpCtx) -> None:
+    alpha = float(ctx.attr("alpha", 1.0))
+
+    def f(b, v):
+        neg = b.fmul(f32(alpha), b.fsub(call_f32(b, "llvm.exp.f32", v[0]), f32(1)))
+        return b.select(b.fcmp_ordered(">=", v[0], f32(0)), v[0], neg)
+    elementwise(ctx, f, [0])
+
+
+def _hard_sigmoid(ctx: OpCtx) -> None:
+    alpha, beta = float(ctx.attr("alpha", 0.2)), float(ctx.attr("beta", 0.5))
+    elementwise(ctx, lambda b, v: select_min(b, select_max(b, b.fadd(b.fmul(v[0], f32(alpha)), f32(beta)), f32(0)),
+                                             f32(1)), [0])
+
+
+def _prelu(ctx: OpCtx) -> None:
+    elementwise(ctx, lambda b, v: b.select(b.fcmp_ordered(">=", v[0], f32(0)), v[0], b.fmul(v[0], v[1])), [0, 1])
+
+
+def _pow(ctx: OpCtx) -> None:
+    """x ** y, with the common constant exponents (2, 0.5, 1, 3) turned into multiplies and sqrt."""
+    y = ctx.const(1)
+    if y is not None and y.size == 1:
+        e = float(y.reshape(()))
+        special = {1.0: lambda b, x: x, 2.0: lambda b, x: b.fmul(x, x), 3.0: lambda b, x: b.fmul(x, b.fmul(x, x)),
+                   0.5: lambda b, x: call_f32(b, "llvm.sqrt.f32", x)}
+        if e in special:
+            elementwise(ctx, lambda b, v: special[e](b, v[0]), [0])
+            return
+    elementwise(ctx, lambda b, v: call_f32(b, "llvm.pow.f32", v[0], v[1]), [0, 1])
+
+
+def _mean(ctx: OpCtx) -> None:
+    n = sum(ctx.has_input(i) for i in range(len(ctx.node.inputs)))
+    elementwise(ctx, lambda b, v: b.fmul(_fold(lambda b, x, y: b.fadd(x, y))(b, v), f32(1 / n)))
+
+
+def batch_norm(ctx: OpCtx) -> None:
+    """Inference batch-norm left unfolded: y = x * a[c] + s[c], a and s computed at build time."""
+    consts = [ctx.const(i) for i in range(1, 5)]
+    if any(c is None for c in consts):
+        raise ctx.unsupported("scale, bias, mean and variance must be constants")
+    scale, bias, mean, var = (c.astype(np.float64) for c in consts)
+    a = scale / np.sqrt(var + float(ctx.attr("epsilon", 1e-5)))
+    shape = ctx.out_shape()
+    bshape = (a.size,) + (1,) * (len(shape) - 2)
+    pa = ctx.weight("bn_scale", a.reshape(bshape))
+    ps = ctx.weight("bn_shift", (bias - mean * a).reshape(bshape))
+    ins = [Operand(ctx.inp(0), contiguous_strides(shape)), Operand(pa, broadcast_strides(bshape, shape)),
+           Operand(ps, broadcast_strides(bshape, shape))]
+    emit_map(ctx.b, shape, Operand(ctx.out(), contiguous_strides(shape)), ins,
+             lambda b, v: b.fadd(b.fmul(v[0], v[1]), v[2]))
+
+
+OPS: dict[str, Callable[[OpCtx], None]] = {
+    "Relu": _unary(relu),
+    "Sigmoid": _unary(sigmoid),
+    "Tanh": _unary(lambda b, x: call_f32(b, "tanhf", x)),
+    "Erf": _unary(lambda b, x: call_f32(b, "erff", x)),
+    "Sqrt": _unary(lambda b, x: call_f32(b, "llvm.sqrt.f32", x)),
+    "Exp": _unary(lambda b, x: call_f32(b, "llvm.exp.f32", x)),
+    "Log": _unary(lambda b, x: call_f32(b, "llvm.log.f32", x)),
+    "Abs": _unary(lambda b, x: call_f32(b, "llvm.fabs.f32", x)),
+    "Neg": _unary(lambda b, x: b.fneg(x)),
+    "Reciprocal": _unary(lambda b, x: b.fdiv(f32(1), x)),
+    "Floor": _unary(lambda b, x: call_f32(b, "llvm.floor.f32", x)),
+    "Ceil": _unary(lambda b, x: call_f32(b, "llvm.ceil.f32", x)),
+    "Softplus": _unary(lambda b, x: call_f32(b, "llvm.log.f32", b.fadd(f32(1), call_f32(b, "llvm.exp.f32", x)))),
+    "Gelu": _gelu,
+    "Clip": _clip,
+    "LeakyRelu": _leaky_relu,
+    "Elu": _elu,
+    "HardSigmoid": _hard_sigmoid,
+    "PRelu": _prelu,
+    "Add": lambda ctx: elementwise(ctx, _fold(lambda b, x, y: b.fadd(x, y))),
+    "Sum": lambda ctx: elementwise(ctx, _fold(lambda b, x, y: b.fadd(x, y))),
+    "Sub": lambda ctx: elementwise(ctx, _fold(lambda b, x, y: b.fsub(x, y))),
+    "Mul": lambda ctx: elementwise(ctx, _fold(lambda b, x, y: b.fmul(x, y))),
+    "Div": lambda ctx: elementwise(ctx, _fold(lambda b, x, y: b.fdiv(x, y))),
+    "Max": lambda ctx: elementwise(ctx, _fold(select_max)),
+    "Min": lambda ctx: elementwise(ctx, _fold(select_min)),
+    "Mean": _mean,
+    "Pow": _pow,
+    "BatchNormalization": batch_norm,
+}

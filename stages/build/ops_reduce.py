@@ -1,0 +1,284 @@
+"""Ops that reduce: pooling, softmax, layer norm, ReduceMean and friends, LRN."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+
+import numpy as np
+from llvmlite import ir
+
+from stages.build.loops import (
+    Operand,
+    broadcast_strides,
+    call_f32,
+    contiguous_strides,
+    emit_map,
+    f32,
+    loop_nest,
+    select_max,
+    select_min,
+)
+from stages.build.opctx import OpCtx
+from stages.codegen.irb import I1, add, for_range, gep, i64, mul
+
+_INIT = {"sum": 0.0, "mean": 0.0, "max": -math.inf, "min": math.inf}
+_COMBINE = {"sum": lambda b, a, x: b.fadd(a, x), "mean": lambda b, a, x: b.fadd(a, x), "max": select_max,
+            "min": select_min}
+
+
+def _load(b: ir.IRBuilder, ptr: ir.Value, off: ir.Value) -> ir.Value:
+    return b.load(gep(b, ptr, off), align=4)
+
+
+def _store(b: ir.IRBuilder, v: ir.Value, ptr: ir.Value, off: ir.Value) -> None:
+    b.store(v, gep(b, ptr, off), align=4)
+
+
+def reduce_axes(ctx: OpCtx, kind: str, axes: list[int]) -> None:
+    """out = reduce over `axes` of the input (keepdims or not: the output buffer is the same)."""
+    shape = ctx.in_shape()
+    axes = sorted({a + len(shape) if a < 0 else a for a in axes})
+    kept = tuple(1 if d in axes else s for d, s in enumerate(shape))
+    n_out = math.prod(kept)
+    out, flat = ctx.out(), Operand(ctx.out(), (1,))
+    emit_map(ctx.b, (n_out,), flat, [], lambda b, v: f32(_INIT[kind]))
+    acc = Operand(out, broadcast_strides(kept, shape))
+    combine = _COMBINE[kind]
+    emit_map(ctx.b, shape, acc, [acc, Operand(ctx.inp(), contiguous_strides(shape))],
+             lambda b, v: combine(b, v[0], v[1]))
+    if kind == "mean":
+        count = math.prod(shape) // n_out
+        emit_map(ctx.b, (n_out,), flat, [flat], lambda b, v: b.fmul(v[0], f32(1 / count)))
+
+
+def _reduce(kind: str) -> Callable[[OpCtx], None]:
+    def build(ctx: OpCtx) -> None:
+        axes = ctx.static(1, "axes")
+        rank = len(ctx.in_shape())
+        if axes is None or np.asarray(axes).size == 0:
+            if int(ctx.attr("noop_with_empty_axes", 0)):
+                emit_map(ctx.b, (math.prod(ctx.in_shape()),), Operand(ctx.out(), (1,)),
+                         [Operand(ctx.inp(), (1,))], lambda b, v: v[0])
+                return
+            axes = np.arange(rank)
+        reduce_axes(ctx, kind, [int(a) for a in np.asarray(axes).reshape(-1)])
+    return build
+
+
+def _global(kind: str) -> Callable[[OpCtx], None]:
+    return lambda ctx: reduce_axes(ctx, kind, list(range(2, len(ctx.in_shape()))))
+
+
+def _rows(ctx: OpCtx, axis: int, last: bool) -> tuple[int, int, int]:
+    """(outer, n, inner) viewing the input around `axis`; with `last`, n covers axis..end."""
+    shape = ctx.in_shape()
+    axis = axis + len(shape) if axis < 0 else axis
+    if last:
+        return math.prod(shape[:axis]), math.prod(shape[axis:]), 1
+    return math.prod(shape[:axis]), shape[axis], math.prod(shape[axis + 1:])
+
+
+def _softmax(log: bool) -> Callable[[OpCtx], None]:
+    def build(ctx: OpCtx) -> None:
+        outer, n, inner = _rows(ctx, int(ctx.attr("axis", -1)), last=False)
+        b, x, y = ctx.b, ctx.inp(), ctx.out()
+        mx, total = ctx.local(), ctx.local()
+        with loop_nest(b, (outer, inner), "row") as (o, i):
+            base = add(b, mul(b, o, i64(n * inner)), i)
+
+            def at(k: ir.Value) -> ir.Value:
+                return add(b, base, mul(b, k, i64(inner)))
+            b.store(f32(-math.inf), mx)
+            with for_range(b, i64(0), i64(n), name="k") as k:
+                b.store(select_max(b, b.load(mx), _load(b, x, at(k))), mx)
+            b.store(f32(0), total)
+            with for_range(b, i64(0), i64(n), name="k") as k:
+                e = call_f32(b, "llvm.exp.f32", b.fsub(_load(b, x, at(k)), b.load(mx)))
+                b.store(b.fadd(b.load(total), e), total)
+                if not log:
+                    _store(b, e, y, at(k))
+            if log:
+                lse = b.fadd(b.load(mx), call_f32(b, "llvm.log.f32", b.load(total)))
+                with for_range(b, i64(0), i64(n), name="k") as k:
+                    _store(b, b.fsub(_load(b, x, at(k)), lse), y, at(k))
+            else:
+                r = b.fdiv(f32(1), b.load(total))
+                with for_range(b, i64(0), i64(n), name="k") as k:
+                    _store(b, b.fmul(_load(b, y, at(k)), r), y, at(k))
+    return build
+
+
+def _affine_param(ctx: OpCtx, i: int, tail: tuple[int, ...], tag: str) -> ir.Value | None:
+    """LayerNorm's scale/bias as a full `tail`-shaped buffer (constants are broadcast at build time)."""
+    if not ctx.has_input(i):
+        return None
+    value = ctx.const(i)
+    if value is not None:
+        return ctx.weight(tag, np.broadcast_to(value.astype(np.float32), tail))
+    if math.prod(ctx.in_shape(i)) != math.prod(tail):
+        raise ctx.unsupported(f"a non-constant input {i} must have the normalised shape {list(tail)}")
+    return ctx.inp(i)
+
+
+def layer_norm(ctx: OpCtx) -> None:
+    axis = int(ctx.attr("axis", -1))
+    shape = ctx.in_shape()
+    outer, n, _ = _rows(ctx, axis, last=True)
+    tail = shape[(axis + len(shape) if axis < 0 else axis):]
+    eps = float(ctx.attr("epsilon", 1e-5))
+    b, x, y = ctx.b, ctx.inp(), ctx.out()
+    scale, shift = _affine_param(ctx, 1, tail, "ln_scale"), _affine_param(ctx, 2, tail, "ln_bias")
+    stats = [ctx.out(j) if len(ctx.node.outputs) > j and ctx.node.outputs[j] else None for j in (1, 2)]
+    total, mean = ctx.local(), ctx.local()
+    with for_range(b, i64(0), i64(outer), name="row") as o:
+        base = mul(b, o, i64(n))
+        b.store(f32(0), total)
+        with for_range(b, i64(0), i64(n), name="k") as k:
+            b.store(b.fadd(b.load(total), _load(b, x, add(b, base, k))), total)
+        b.store(b.fmul(b.load(total), f32(1 / n)), mean)
+        b.store(f32(0), total)
+        with for_range(b, i64(0), i64(n), name="k") as k:
+            d = b.fsub(_load(b, x, add(b, base, k)), b.load(mean))
+            b.store(b.fadd(b.load(total), b.fmul(d, d)), total)
+        rstd = b.fdiv(f32(1), call_f32(b, "llvm.sqrt.f32", b.fadd(b.fmul(b.load(total), f32(1 / n)), f32(eps))))
+        m = b.load(mean)
+        with for_range(b, i64(0), i64(n), name="k") as k:
+            v = b.fmul(b.fsub(_load(b, x, add(b, base, k)), m), rstd)
+            if scale is not None:
+                v = b.fmul(v, _load(b, scale, k))
+            if shift is not None:
+                v = b.fadd(v, _load(b, shift, k))
+            _store(b, v, y, add(b, base, k))
+        for ptr, val in zip(stats, (m, rstd), strict=True):
+            if ptr is not None:
+                _store(b, val, ptr, o)
+
+
+def lrn(ctx: OpCtx) -> None:
+    """y = x / (bias + alpha/size * sum of x^2 over a window of channels) ** beta."""
+    shape = ctx.in_shape()
+    n, c, hw = shape[0], shape[1], math.prod(shape[2:])
+    size = int(ctx.attr("size"))
+    alpha, beta, bias = float(ctx.attr("alpha", 1e-4)), float(ctx.attr("beta", 0.75)), float(ctx.attr("bias", 1.0))
+    lo, hi = (size - 1) // 2, -(-(size - 1) // 2)
+    b, x, y = ctx.b, ctx.inp(), ctx.out()
+    flat = Operand(y, (1,))
+    emit_map(b, (math.prod(shape),), flat, [], lambda b, v: f32(0))
+    with loop_nest(b, (n, c), "nc") as (ni, ci):
+        first = b.select(b.icmp_signed("<", ci, i64(lo)), i64(0), b.sub(ci, i64(lo)))
+        last = add(b, ci, i64(hi + 1))
+        last = b.select(b.icmp_signed(">", last, i64(c)), i64(c), last)
+        out_base = mul(b, add(b, mul(b, ni, i64(c)), ci), i64(hw))
+        with for_range(b, first, last, name="c2") as c2:
+            in_base = mul(b, add(b, mul(b, ni, i64(c)), c2), i64(hw))
+            with for_range(b, i64(0), i64(hw), name="hw") as p:
+                v = _load(b, x, add(b, in_base, p))
+                o = add(b, out_base, p)
+                _store(b, b.fadd(_load(b, y, o), b.fmul(v, v)), y, o)
+    xs = Operand(x, (1,))
+    emit_map(b, (math.prod(shape),), flat, [xs, flat], lambda b, v: b.fmul(
+        v[0], call_f32(b, "llvm.pow.f32", b.fadd(f32(bias), b.fmul(v[1], f32(alpha / size))), f32(-beta))))
+
+
+def _pool_pads(ctx: OpCtx, sp: tuple[int, ...], osp: tuple[int, ...], k, s, d) -> list[int]:
+    auto = ctx.attr("auto_pad", "NOTSET")
+    auto = auto.decode() if isinstance(auto, bytes) else auto
+    r = len(sp)
+    if auto in ("NOTSET", ""):
+        pads = [int(p) for p in ctx.attr("pads", [0] * 2 * r)]
+        return pads[:r]
+    if auto == "VALID":
+        return [0] * r
+    total = [max(0, (o - 1) * st + (kk - 1) * dd + 1 - i) for o, st, kk, dd, i in zip(osp, s, k, d, sp, strict=True)]
+    return [t // 2 if auto == "SAME_UPPER" else t - t // 2 for t in total]
+
+
+def _pool(kind: str) -> Callable[[OpCtx], None]:
+    def build(ctx: OpCtx) -> None:
+        if len(ctx.node.outputs) > 1 and ctx.node.outputs[1]:
+            raise ctx.unsupported("the Indices output is not built")
+        shape, out_shape = ctx.in_shape(), ctx.out_shape()
+        sp, osp = shape[2:], out_shape[2:]
+        r = len(sp)
+        k = [int(v) for v in ctx.attr("kernel_shape")]
+        s = [int(v) for v in ctx.attr("strides", [1] * r)]
+        d = [int(v) for v in ctx.attr("dilations", [1] * r)]
+        pb = _pool_pads(ctx, sp, osp, k, s, d)
+        all_pads = [int(p) for p in ctx.attr("pads", [0] * 2 * r)]
+        pe = all_pads[r:] if ctx.attr("auto_pad", "NOTSET") in ("NOTSET", b"NOTSET", "") else [
+            max(0, (o - 1) * st + (kk - 1) * dd + 1 - i - p) for o, st, kk, dd, i, p in zip(osp, s, k, d, sp, pb,
+                                                                                              strict=True)]
+        include_pad = bool(int(ctx.attr("count_include_pad", 0)))
+        _emit_pool(ctx, kind, sp, osp, k, s, d, pb, pe, include_pad)
+    return build
+
+
+def _emit_pool(ctx, kind, sp, osp, k, s, d, pb, pe, include_pad) -> None:
+    b, x, y = ctx.b, ctx.inp(), ctx.out()
+    nc = ctx.in_shape()[0] * ctx.in_shape()[1]
+    istr, ostr = contiguous_strides(sp), contiguous_strides(osp)
+    lo = [-(-p // st) for p, st in zip(pb, s, strict=True)]
+    hi = [min(o, max(0, (i - 1 + p - (kk - 1) * dd) // st + 1)) if i - 1 + p - (kk - 1) * dd >= 0 else 0
+          for o, i, p, kk, dd, st in zip(osp, sp, pb, k, d, s, strict=True)]
+    acc, cnt = ctx.local(), ctx.local()
+    combine = select_max if kind == "max" else (lambda b, a, v: b.fadd(a, v))
+    with loop_nest(b, (nc, *osp), "o") as idx:
+        c, oc = idx[0], idx[1:]
+        in_base = mul(b, c, i64(math.prod(sp)))
+        out_off = add(b, mul(b, c, i64(math.prod(osp))), sum_idx(b, oc, ostr))
+        starts = [b.sub(mul(b, o, i64(st)), i64(p)) for o, st, p in zip(oc, s, pb, strict=True)]
+        inside = ir.Constant(I1, 1)
+        for o, lo_d, hi_d in zip(oc, lo, hi, strict=True):
+            inside = b.and_(inside, b.and_(b.icmp_signed(">=", o, i64(lo_d)), b.icmp_signed("<", o, i64(hi_d))))
+        b.store(f32(-math.inf if kind == "max" else 0.0), acc)
+        b.store(f32(0), cnt)
+        with b.if_else(inside) as (fast, slow):
+            with fast:
+                with loop_nest(b, k, "kf") as kk:
+                    coords = [add(b, st, mul(b, kv, i64(dd))) for st, kv, dd in zip(starts, kk, d, strict=True)]
+                    v = _load(b, x, add(b, in_base, sum_idx(b, coords, istr)))
+                    b.store(combine(b, b.load(acc), v), acc)
+                b.store(f32(math.prod(k)), cnt)
+            with slow:
+                with loop_nest(b, k, "ks") as kk:
+                    coords = [add(b, st, mul(b, kv, i64(dd))) for st, kv, dd in zip(starts, kk, d, strict=True)]
+                    valid = _within(b, coords, [0] * len(sp), sp)
+                    padded = _within(b, coords, [-p for p in pb], [i + e for i, e in zip(sp, pe, strict=True)])
+                    counted = padded if include_pad else valid
+                    b.store(b.fadd(b.load(cnt), b.uitofp(counted, ir.FloatType())), cnt)
+                    with b.if_then(valid):
+                        v = _load(b, x, add(b, in_base, sum_idx(b, coords, istr)))
+                        b.store(combine(b, b.load(acc), v), acc)
+        result = b.load(acc) if kind == "max" else b.fdiv(b.load(acc), b.load(cnt))
+        _store(b, result, y, out_off)
+
+
+def _within(b: ir.IRBuilder, coords, lo, hi) -> ir.Value:
+    ok = ir.Constant(I1, 1)
+    for c, lo_d, hi_d in zip(coords, lo, hi, strict=True):
+        ok = b.and_(ok, b.and_(b.icmp_signed(">=", c, i64(lo_d)), b.icmp_signed("<", c, i64(hi_d))))
+    return ok
+
+
+def sum_idx(b: ir.IRBuilder, idx, strides) -> ir.Value:
+    total: ir.Value = i64(0)
+    for i, st in zip(idx, strides, strict=True):
+        total = add(b, total, mul(b, i, i64(st)))
+    return total
+
+
+OPS: dict[str, Callable[[OpCtx], None]] = {
+    "MaxPool": _pool("max"),
+    "AveragePool": _pool("avg"),
+    "GlobalAveragePool": _global("mean"),
+    "GlobalMaxPool": _global("max"),
+    "ReduceMean": _reduce("mean"),
+    "ReduceSum": _reduce("sum"),
+    "ReduceMax": _reduce("max"),
+    "ReduceMin": _reduce("min"),
+    "Softmax": _softmax(log=False),
+    "LogSoftmax": _softmax(log=True),
+    "LayerNormalization": layer_norm,
+    "LRN": lrn,
+}
