@@ -51,3 +51,20 @@ class Graph:
             for name in node.inputs:
                 users.setdefault(name, []).append(node)
         return users
+
+    def add_constant(self, name: str, value: np.ndarray) -> str:
+        """Store a new float32 constant under `name` (suffixed if taken); returns the name used."""
+        base, i = name, 0
+        while name in self.values or name in self.constants:
+            i += 1
+            name = f"{base}.{i}"
+        self.constants[name] = np.ascontiguousarray(value, dtype=np.float32)
+        self.values[name] = Value(name, self.constants[name].shape)
+        return name
+
+    def sole_consumer(self, name: str, users: dict[str, list[Node]]) -> Node | None:
+        """The one node reading `name` (given `consumers()`), if exactly one does and it is no graph output."""
+        readers = users.get(name, [])
+        if len(readers) != 1 or any(v.name == name for v in self.outputs):
+            return None
+        return readers[0]

@@ -1,0 +1,201 @@
+"""Anchor lowering and epilogue fusion: Conv / Gemm / MatMul → conv2d / dense / matmul / batch_matmul nodes.
+
+Each anchor gets a `TuningTask` whose inputs are `[X, W, *epilogue tensors]` (the convention of
+stages/templates/epilogue.py) and absorbs the element-wise chain that follows it while each link
+has the anchor's result as its only reader: Relu, Clip, LeakyRelu, Sigmoid, Tanh, Gelu, an Add /
+Sub of a per-channel (or scalar) constant (bias), a Mul / Div by one (scale_shift), and an Add
+of a run-time tensor of the output's shape (residual_add). The fused node takes the place of the
+last node it absorbed, so every tensor it reads is computed before it.
+
+Weights are re-laid once here: dense takes W as (N, K) (Y = X @ W^T), with Gemm's alpha and
+transB and MatMul's (K, N) constant folded in; Gemm's beta is folded into its bias.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from schemas.task import EpilogueOp, TensorSpec, TuningTask
+from stages.extract.errors import ModelError
+from stages.graph.ir import Graph, Node, Value
+from stages.templates import epilogue as epi
+
+ANCHORS = ("Conv", "Gemm", "MatMul")
+UNARY_EPILOGUE = {"Relu": "relu", "Sigmoid": "sigmoid", "Tanh": "tanh", "Clip": "clip", "LeakyRelu": "leaky_relu"}
+
+
+@dataclass
+class _Anchor:
+    op: str
+    inputs: list[str]
+    specs: list[tuple[int, ...]]
+    out_shape: tuple[int, ...]
+    attrs: dict
+    channel_axis: int
+    out: str
+    pre: list[Node] = field(default_factory=list)
+    ops: list[EpilogueOp] = field(default_factory=list)
+    tensors: list[str] = field(default_factory=list)
+    absorbed: list[Node] = field(default_factory=list)
+
+
+def fuse(g: Graph) -> None:
+    users = g.consumers()
+    taken: set[int] = set()
+    placed: dict[int, list[Node]] = {}
+    for node in list(g.nodes):
+        if node.op not in ANCHORS:
+            continue
+        a = _lower(g, node)
+        _absorb(g, a, users, taken)
+        task = TuningTask(
+            op=a.op,
+            inputs=(*(TensorSpec(shape=s) for s in a.specs),
+                    *epi.operand_specs(a.ops, a.out_shape, a.channel_axis)),
+            outputs=(TensorSpec(shape=a.out_shape),),
+            attrs=a.attrs,
+            epilogue=tuple(a.ops),
+        )
+        fused = Node(node.name, a.op, [*a.inputs, *a.tensors], [a.out], dict(a.attrs), task)
+        last = a.absorbed[-1] if a.absorbed else node
+        placed[id(last)] = [*a.pre, fused]
+        taken.update(id(n) for n in (node, *a.absorbed))
+    g.nodes = [m for n in g.nodes for m in (placed.get(id(n), []) if id(n) in taken else [n])]
+
+
+def _transposed(g: Graph, name: str, anchor: Node, pre: list[Node]) -> str:
+    """`name` transposed: a re-laid constant, or a Transpose node run before the anchor."""
+    if name in g.constants:
+        return g.add_constant(f"{name}.T", g.constants[name].T)
+    out = f"{name}/T"
+    g.values[out] = Value(out, g.values[name].shape[::-1])
+    pre.append(Node(f"{anchor.name}/transpose_{len(pre)}", "Transpose", [name], [out], {"perm": [1, 0]}))
+    return out
+
+
+def _lower(g: Graph, node: Node) -> _Anchor:
+    shape = {n: g.values[n].shape for n in node.inputs}
+    out = node.outputs[0]
+    out_shape = g.values[out].shape
+    if node.op == "Conv":
+        if node.inputs[1] not in g.constants:
+            raise ModelError(f"Conv {node.name!r}: its weights are computed at run time; tunaflow needs constants")
+        x, w = node.inputs[:2]
+        attrs = {k: tuple(node.attrs[k]) for k in ("strides", "pads", "dilations")} | {"group": node.attrs["group"]}
+        a = _Anchor("conv2d", [x, w], [shape[x], shape[w]], out_shape, attrs, 1, out)
+        if len(node.inputs) > 2:
+            a.ops.append(EpilogueOp(kind="bias"))
+            a.tensors.append(node.inputs[2])
+        return a
+    if node.op == "Gemm":
+        return _lower_gemm(g, node, shape, out_shape)
+    return _lower_matmul(g, node, shape, out_shape)
+
+
+def _lower_gemm(g: Graph, node: Node, shape: dict, out_shape: tuple[int, ...]) -> _Anchor:
+    at, pre = node.attrs, []
+    x = _transposed(g, node.inputs[0], node, pre) if at["transA"] else node.inputs[0]
+    b = node.inputs[1]
+    m, n = out_shape
+    k = g.values[x].shape[1]
+    if b in g.constants:
+        w = g.constants[b] if at["transB"] else g.constants[b].T
+        wname = g.add_constant(f"{node.name}.weight", at["alpha"] * w) if at["alpha"] != 1 or not at["transB"] else b
+        a = _Anchor("dense", [x, wname], [(m, k), (n, k)], (m, n), {}, -1, node.outputs[0], pre)
+    else:
+        wname = b if not at["transB"] else _transposed(g, b, node, pre)
+        a = _Anchor("matmul", [x, wname], [(m, k), (k, n)], (m, n), {}, -1, node.outputs[0], pre)
+        if at["alpha"] != 1:
+            a.ops.append(EpilogueOp(kind="scale_shift"))
+            a.tensors += [g.add_constant(f"{node.name}.alpha", np.full(n, at["alpha"])),
+                          g.add_constant(f"{node.name}.zero", np.zeros(n))]
+    if len(node.inputs) > 2:
+        c = node.inputs[2]
+        if c in g.constants:
+            cval = at["beta"] * g.constants[c].astype(np.float64)
+            vec = _per_channel(cval, (m, n), 1)
+            kind, arr = ("bias", vec) if vec is not None else ("residual_add", np.broadcast_to(cval, (m, n)))
+            a.ops.append(EpilogueOp(kind=kind))
+            a.tensors.append(g.add_constant(f"{node.name}.bias", arr))
+        elif shape[c] == (m, n) or math.prod(shape[c]) == n == shape[c][-1]:
+            kind = "residual_add" if shape[c] == (m, n) else "bias"
+            a.ops.append(EpilogueOp(kind=kind, attrs={"beta": at["beta"]} if at["beta"] != 1 else {}))
+            a.tensors.append(c)
+        else:
+            raise ModelError(f"Gemm {node.name!r}: a run-time C of shape {list(shape[c])} (broadcast to {m}x{n}) "
+                             "is not supported")
+    return a
+
+
+def _lower_matmul(g: Graph, node: Node, shape: dict, out_shape: tuple[int, ...]) -> _Anchor:
+    x, b = node.inputs
+    xs, bs = shape[x], shape[b]
+    out = node.outputs[0]
+    if b in g.constants and len(bs) <= 2:
+        w = g.constants[b].reshape(bs[0], -1).T
+        n, k = w.shape
+        m = math.prod(xs[:-1])
+        wname = g.add_constant(f"{node.name}.weight", w)
+        return _Anchor("dense", [x, wname], [(m, k), (n, k)], (m, n), {}, -1, out)
+    if len(xs) < 2 or len(bs) < 2:
+        raise ModelError(f"MatMul {node.name!r}: a 1-D operand computed at run time is not supported")
+    if len(xs) == 2 and len(bs) == 2:
+        return _Anchor("matmul", [x, b], [xs, bs], out_shape, {}, -1, out)
+    return _Anchor("batch_matmul", [x, b], [xs, bs], out_shape, {}, -1, out)
+
+
+def _per_channel(c: np.ndarray, out_shape: tuple[int, ...], axis: int) -> np.ndarray | None:
+    """`c` as a (C,) vector if it only varies along `axis` of the output (or is a scalar), else None."""
+    rank = len(out_shape)
+    axis = axis % rank
+    if c.ndim > rank:
+        return None
+    ext = c.reshape((1,) * (rank - c.ndim) + c.shape)
+    if any(d != 1 and (i != axis or d != out_shape[i]) for i, d in enumerate(ext.shape)):
+        return None
+    return np.broadcast_to(ext.reshape(-1) if ext.shape[axis] != 1 else ext.reshape(1), (out_shape[axis],))
+
+
+def _absorb(g: Graph, a: _Anchor, users: dict[str, list[Node]], taken: set[int]) -> None:
+    while True:
+        c = g.sole_consumer(a.out, users)
+        if c is None or id(c) in taken or not _step(g, a, c):
+            return
+        a.absorbed.append(c)
+        a.out = c.outputs[0]
+
+
+def _step(g: Graph, a: _Anchor, c: Node) -> bool:
+    """Absorb element-wise node `c` (reading the anchor's current result) into the epilogue, if it fits."""
+    if c.op in UNARY_EPILOGUE or (c.op == "Gelu" and c.attrs.get("approximate", "none") == "none"):
+        kind = UNARY_EPILOGUE.get(c.op, "gelu")
+        a.ops.append(EpilogueOp(kind=kind, attrs={k: float(v) for k, v in c.attrs.items() if k in ("min", "max",
+                                                                                                    "alpha")}))
+        return True
+    if c.op not in ("Add", "Sub", "Mul", "Div") or len(c.inputs) != 2 or c.inputs[0] == c.inputs[1]:
+        return False
+    cur_shape = g.values[a.out].shape
+    if g.values[c.outputs[0]].shape != cur_shape:
+        return False
+    other = c.inputs[1] if c.inputs[0] == a.out else c.inputs[0]
+    first = c.inputs[0] == a.out
+    if other in g.constants:
+        vec = _per_channel(g.constants[other].astype(np.float64), cur_shape, a.channel_axis)
+        if vec is None or (c.op in ("Sub", "Div") and not first) or (c.op == "Div" and not np.all(vec)):
+            return False
+        if c.op in ("Add", "Sub"):
+            a.ops.append(EpilogueOp(kind="bias"))
+            a.tensors.append(g.add_constant(f"{c.name}.bias", vec if c.op == "Add" else -vec))
+        else:
+            a.ops.append(EpilogueOp(kind="scale_shift"))
+            scale = vec if c.op == "Mul" else 1 / vec
+            a.tensors += [g.add_constant(f"{c.name}.scale", scale), g.add_constant(f"{c.name}.shift", 0 * scale)]
+        return True
+    if c.op == "Add" and g.values[other].shape == cur_shape:
+        a.ops.append(EpilogueOp(kind="residual_add"))
+        a.tensors.append(other)
+        return True
+    return False
