@@ -29,39 +29,38 @@ class Choice:
         return self.record is not None
 
 
-def best_records(log: TuningLog | None, target: Target, threads: int) -> dict[str, TuningRecord]:
-    """The lowest-median error-free record per task signature (one pass over the log)."""
-    best: dict[str, TuningRecord] = {}
+def ranked_records(log: TuningLog | None, target: Target, threads: int) -> dict[str, list[TuningRecord]]:
+    """Error-free records per task signature, fastest (lowest median) first, from one pass over the log."""
+    ranked: dict[str, list[TuningRecord]] = {}
     if log is None:
-        return best
+        return ranked
     for r in log.records():
-        if r.target_key != target.key or r.threads != threads or not r.result.ok:
-            continue
-        cur = best.get(r.task_signature)
-        if cur is None or r.result.median < cur.result.median:
-            best[r.task_signature] = r
-    return best
+        if r.target_key == target.key and r.threads == threads and r.result.ok:
+            ranked.setdefault(r.task_signature, []).append(r)
+    for recs in ranked.values():
+        recs.sort(key=lambda r: r.result.median)
+    return ranked
 
 
 def choose(tasks: list[TuningTask], log: TuningLog | None, target: Target, threads: int) -> dict[str, Choice]:
-    """One choice per distinct task signature."""
-    best = best_records(log, target, threads)
+    """One choice per distinct task signature: its fastest record the template still accepts, else the default."""
+    ranked = ranked_records(log, target, threads)
     choices: dict[str, Choice] = {}
     for task in tasks:
         if task.signature in choices:
             continue
         tpl = template_for(task)
-        rec = best.get(task.signature)
+        space = tpl.space(task, target)
         why = "no error-free record in the log" if log is not None else "no log given"
-        if rec is not None:
-            space = tpl.space(task, target)
+        for rec in ranked.get(task.signature, []):
             reason = space.reason(rec.config.knobs) if rec.template_version == tpl.VERSION else (
-                f"record is for template version {rec.template_version}, this is {tpl.VERSION}")
+                f"records are for template version {rec.template_version}, this is {tpl.VERSION}")
             if reason is None:
                 choices[task.signature] = Choice(task, rec.config, rec)
-                continue
-            why = f"best record rejected: {reason}"
-        choices[task.signature] = Choice(task, tpl.default_config(task, target), None, why)
+                break
+            why = f"no record the template accepts ({reason})"
+        else:
+            choices[task.signature] = Choice(task, tpl.default_config(task, target), None, why)
     return choices
 
 

@@ -44,7 +44,7 @@ from stages.codegen.compile import compile_ir
 from stages.codegen.irb import VOIDP, i64
 from stages.graph.ir import Graph, Node
 from stages.log import TuningLog
-from stages.templates import template_for
+from stages.templates import TEMPLATES, template_for
 
 RUN = "tf_run"
 
@@ -76,6 +76,9 @@ def build_library(graph: Graph, target: Target, out: Path, threads: int = 1, log
     missing = unsupported_nodes(graph.nodes)
     if missing:
         raise BuildError("no kernel for these op types (nodes): " + "; ".join(missing))
+    no_template = sorted({n.task.op for n in graph.nodes if n.task is not None} - set(TEMPLATES))
+    if no_template:
+        raise BuildError(f"no template for anchor op(s) {no_template}; templates exist for {sorted(TEMPLATES)}")
     compiler = find_compiler(cc)
     tuning_log = TuningLog(log) if log is not None else None
     choices = choose([n.task for n in graph.nodes if n.task is not None], tuning_log, target, threads)
@@ -153,7 +156,7 @@ def _anchor(graph: Graph, node: Node, choice: Choice, target: Target, threads: i
     task, knobs = node.task, dict(choice.config.knobs)
     tpl = template_for(task)
     inputs = [n for n in node.inputs if n]
-    holders = tpl.make_inputs(task, seed=0)
+    holders = tpl.make_inputs(task, seed=0)  # run-time inputs become NaN placeholders: a packed copy shows
     if len(holders) != len(inputs):
         raise BuildError(f"node {node.name!r}: task {task.description} takes {len(holders)} inputs, "
                          f"the node has {len(inputs)}")
@@ -164,7 +167,7 @@ def _anchor(graph: Graph, node: Node, choice: Choice, target: Target, threads: i
         if size != h.size:
             raise BuildError(f"node {node.name!r}: input {name!r} has {size} elements, the task expects {h.shape}")
         arrays.append(np.ascontiguousarray(value, dtype=np.float32).reshape(h.shape) if value is not None
-                      else np.zeros(h.shape, dtype=np.float32))
+                      else np.full(h.shape, np.nan, dtype=np.float32))
     args = tpl.kernel_args(task, knobs, arrays)
     slots: list[str] = []
     packed: dict[str, np.ndarray] = {}
@@ -173,8 +176,9 @@ def _anchor(graph: Graph, node: Node, choice: Choice, target: Target, threads: i
                 if n not in graph.constants and arg.ctypes.data == a.ctypes.data and arg.nbytes == a.nbytes]
         if same:
             slots.append(same[0])
-        elif any(n not in graph.constants and np.shares_memory(arg, a) for n, a in zip(inputs, arrays, strict=True)):
-            raise BuildError(f"node {node.name!r}: template {tpl.NAME} rearranges an activation input at build time")
+        elif np.isnan(arg).any():
+            raise BuildError(f"node {node.name!r}: template {tpl.NAME} packs an input at build time, but here that "
+                             "input is computed at run time (it is not a constant)")
         else:
             packed[f"{node.name}/arg{k}"] = np.ascontiguousarray(arg, dtype=np.float32)
             slots.append(f"{node.name}/arg{k}")

@@ -67,16 +67,6 @@ class OpCtx:
             return None
         return self.graph.constants.get(self.node.inputs[i])
 
-    def static(self, i: int, attr: str, default=None) -> np.ndarray | None:
-        """A parameter that may be an attribute (older opsets) or a constant input (newer)."""
-        if self.has_input(i):
-            value = self.const(i)
-            if value is None:
-                raise self.unsupported(f"input {i} ({self.node.inputs[i]!r}) must be a constant")
-            return value
-        value = self.attr(attr, default)
-        return None if value is None else np.asarray(value)
-
     def unsupported(self, why: str) -> UnsupportedOp:
         return UnsupportedOp(f"{self.node.op} node {self.node.name!r}: {why}")
 

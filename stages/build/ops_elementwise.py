@@ -66,8 +66,7 @@ def _gelu(ctx: OpCtx) -> None:
 
 
 def _clip(ctx: OpCtx) -> None:
-    lo = ctx.static(1, "min")
-    hi = ctx.static(2, "max")
+    lo, hi = ctx.attr("min"), ctx.attr("max")
 
     def f(b, v):
         x = v[0]

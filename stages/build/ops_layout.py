@@ -5,10 +5,9 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 
-import numpy as np
-
-from stages.build.loops import Operand, contiguous_strides, emit_map, f32
+from stages.build.loops import Operand, contiguous_strides, emit_map, f32, loop_nest, offset
 from stages.build.opctx import OpCtx
+from stages.codegen.irb import add, gep, i64, mul
 
 
 def _copy(ctx: OpCtx, extents, out: Operand, src: Operand) -> None:
@@ -62,71 +61,52 @@ def split(ctx: OpCtx) -> None:
 
 
 def slice_(ctx: OpCtx) -> None:
-    """ONNX Slice (starts/ends/axes/steps as constant inputs, or attributes before opset 10)."""
+    """Element i of each axis is `starts + i * steps` (the importer's normalised Slice)."""
     shape = ctx.in_shape()
-    starts = ctx.static(1, "starts")
-    ends = ctx.static(2, "ends")
-    if starts is None or ends is None:
-        raise ctx.unsupported("starts and ends are required")
-    axes = ctx.static(3, "axes")
-    steps = ctx.static(4, "steps")
-    axes = list(range(len(starts))) if axes is None else [int(a) + len(shape) if a < 0 else int(a) for a in axes]
-    steps = [1] * len(starts) if steps is None else [int(s) for s in steps]
-    first = [0] * len(shape)
-    step = [1] * len(shape)
-    extent = list(shape)
-    for a, s, e, st in zip(axes, starts.tolist(), ends.tolist(), steps, strict=True):
-        first[a], extent[a] = _slice_range(shape[a], int(s), int(e), st)
-        step[a] = st
-    if tuple(extent) != ctx.out_shape():
-        raise ctx.unsupported(f"computed output shape {extent} differs from the graph's {list(ctx.out_shape())}")
+    starts, steps, sizes = (ctx.attr(k) for k in ("starts", "steps", "sizes"))
     istr = contiguous_strides(shape)
-    base = sum(f * s for f, s in zip(first, istr, strict=True))
-    _copy(ctx, extent, Operand(ctx.out(), contiguous_strides(extent)),
-          Operand(ctx.inp(), tuple(s * st for s, st in zip(istr, step, strict=True)), base))
-
-
-def _slice_range(dim: int, start: int, end: int, step: int) -> tuple[int, int]:
-    """First index and element count of start:end:step on a dim of size `dim` (ONNX clamping)."""
-    if step == 0:
-        raise ValueError("Slice step 0")
-    start = start + dim if start < 0 else start
-    end = end + dim if end < 0 else end
-    if step > 0:
-        start, end = min(max(start, 0), dim), min(max(end, 0), dim)
-        return start, max(0, -(-(end - start) // step))
-    start, end = min(max(start, 0), dim - 1), min(max(end, -1), dim - 1)
-    return start, max(0, -(-(start - end) // -step))
+    base = sum(int(f) * s for f, s in zip(starts, istr, strict=True))
+    _copy(ctx, sizes, Operand(ctx.out(), contiguous_strides(sizes)),
+          Operand(ctx.inp(), tuple(s * int(st) for s, st in zip(istr, steps, strict=True)), base))
 
 
 def pad(ctx: OpCtx) -> None:
-    """Constant-mode Pad (negative pads crop)."""
-    mode = ctx.attr("mode", "constant")
-    if isinstance(mode, bytes):
-        mode = mode.decode()
-    if mode != "constant":
-        raise ctx.unsupported(f"mode {mode!r} (only 'constant' is built)")
+    """Pad with `pads` (all begins, then all ends; negative ones crop) in constant, edge or reflect mode."""
     shape, out_shape = ctx.in_shape(), ctx.out_shape()
     rank = len(shape)
-    pads = ctx.static(1, "pads")
-    if pads is None:
-        raise ctx.unsupported("pads are required")
-    pads = [int(p) for p in pads.tolist()]
-    axes = ctx.static(3, "axes")
-    begin, end = [0] * rank, [0] * rank
-    axes = list(range(rank)) if axes is None else [int(a) + rank if a < 0 else int(a) for a in axes.tolist()]
-    for k, a in enumerate(axes):
-        begin[a], end[a] = pads[k], pads[k + len(axes)]
-    value = ctx.static(2, "value", 0.0)
-    value = 0.0 if value is None or np.asarray(value).size == 0 else float(np.asarray(value).reshape(-1)[0])
-    ostr, istr = contiguous_strides(out_shape), contiguous_strides(shape)
-    emit_map(ctx.b, (math.prod(out_shape),), Operand(ctx.out(), (1,)), [], lambda b, v: f32(value))
+    pads = [int(p) for p in ctx.attr("pads")]
+    begin, end = pads[:rank], pads[rank:]
+    crop = [max(0, -bg) for bg in begin]
     extent = [s - max(0, -bg) - max(0, -en) for s, bg, en in zip(shape, begin, end, strict=True)]
+    ostr, istr = contiguous_strides(out_shape), contiguous_strides(shape)
+    mode = ctx.attr("mode", "constant")
+    if mode != "constant":
+        _pad_gather(ctx, mode, out_shape, [max(0, bg) for bg in begin], crop, extent, istr)
+        return
+    value = float(ctx.attr("value", 0.0))
+    emit_map(ctx.b, (math.prod(out_shape),), Operand(ctx.out(), (1,)), [], lambda b, v: f32(value))
     if min(extent, default=1) <= 0:
         return
     obase = sum(max(0, bg) * s for bg, s in zip(begin, ostr, strict=True))
-    ibase = sum(max(0, -bg) * s for bg, s in zip(begin, istr, strict=True))
+    ibase = sum(c * s for c, s in zip(crop, istr, strict=True))
     _copy(ctx, extent, Operand(ctx.out(), ostr, obase), Operand(ctx.inp(), istr, ibase))
+
+
+def _pad_gather(ctx: OpCtx, mode: str, out_shape, before, crop, extent, istr) -> None:
+    """Edge / reflect padding: every output element reads the input at a clamped or mirrored index."""
+    b, x, y = ctx.b, ctx.inp(), ctx.out()
+    with loop_nest(b, out_shape) as idx:
+        src = i64(0)
+        for o, bg, c, n, st in zip(idx, before, crop, extent, istr, strict=True):
+            i = b.sub(o, i64(bg))
+            if mode == "edge":
+                i = b.select(b.icmp_signed("<", i, i64(0)), i64(0), i)
+                i = b.select(b.icmp_signed(">", i, i64(n - 1)), i64(n - 1), i)
+            else:
+                i = b.select(b.icmp_signed("<", i, i64(0)), b.neg(i), i)
+                i = b.select(b.icmp_signed(">", i, i64(n - 1)), b.sub(i64(2 * (n - 1)), i), i)
+            src = add(b, src, mul(b, add(b, i, i64(c)), i64(st)))
+        b.store(b.load(gep(b, x, src), align=4), gep(b, y, offset(b, idx, contiguous_strides(out_shape))), align=4)
 
 
 OPS: dict[str, Callable[[OpCtx], None]] = {

@@ -53,17 +53,7 @@ def reduce_axes(ctx: OpCtx, kind: str, axes: list[int]) -> None:
 
 
 def _reduce(kind: str) -> Callable[[OpCtx], None]:
-    def build(ctx: OpCtx) -> None:
-        axes = ctx.static(1, "axes")
-        rank = len(ctx.in_shape())
-        if axes is None or np.asarray(axes).size == 0:
-            if int(ctx.attr("noop_with_empty_axes", 0)):
-                emit_map(ctx.b, (math.prod(ctx.in_shape()),), Operand(ctx.out(), (1,)),
-                         [Operand(ctx.inp(), (1,))], lambda b, v: v[0])
-                return
-            axes = np.arange(rank)
-        reduce_axes(ctx, kind, [int(a) for a in np.asarray(axes).reshape(-1)])
-    return build
+    return lambda ctx: reduce_axes(ctx, kind, [int(a) for a in ctx.attr("axes")])
 
 
 def _global(kind: str) -> Callable[[OpCtx], None]:
@@ -181,36 +171,15 @@ def lrn(ctx: OpCtx) -> None:
         v[0], call_f32(b, "llvm.pow.f32", b.fadd(f32(bias), b.fmul(v[1], f32(alpha / size))), f32(-beta))))
 
 
-def _pool_pads(ctx: OpCtx, sp: tuple[int, ...], osp: tuple[int, ...], k, s, d) -> list[int]:
-    auto = ctx.attr("auto_pad", "NOTSET")
-    auto = auto.decode() if isinstance(auto, bytes) else auto
-    r = len(sp)
-    if auto in ("NOTSET", ""):
-        pads = [int(p) for p in ctx.attr("pads", [0] * 2 * r)]
-        return pads[:r]
-    if auto == "VALID":
-        return [0] * r
-    total = [max(0, (o - 1) * st + (kk - 1) * dd + 1 - i) for o, st, kk, dd, i in zip(osp, s, k, d, sp, strict=True)]
-    return [t // 2 if auto == "SAME_UPPER" else t - t // 2 for t in total]
-
-
 def _pool(kind: str) -> Callable[[OpCtx], None]:
     def build(ctx: OpCtx) -> None:
-        if len(ctx.node.outputs) > 1 and ctx.node.outputs[1]:
-            raise ctx.unsupported("the Indices output is not built")
-        shape, out_shape = ctx.in_shape(), ctx.out_shape()
-        sp, osp = shape[2:], out_shape[2:]
-        r = len(sp)
+        r = len(ctx.in_shape()) - 2
         k = [int(v) for v in ctx.attr("kernel_shape")]
         s = [int(v) for v in ctx.attr("strides", [1] * r)]
         d = [int(v) for v in ctx.attr("dilations", [1] * r)]
-        pb = _pool_pads(ctx, sp, osp, k, s, d)
-        all_pads = [int(p) for p in ctx.attr("pads", [0] * 2 * r)]
-        pe = all_pads[r:] if ctx.attr("auto_pad", "NOTSET") in ("NOTSET", b"NOTSET", "") else [
-            max(0, (o - 1) * st + (kk - 1) * dd + 1 - i - p) for o, st, kk, dd, i, p in zip(osp, s, k, d, sp, pb,
-                                                                                              strict=True)]
+        pads = [int(p) for p in ctx.attr("pads", [0] * 2 * r)]
         include_pad = bool(int(ctx.attr("count_include_pad", 0)))
-        _emit_pool(ctx, kind, sp, osp, k, s, d, pb, pe, include_pad)
+        _emit_pool(ctx, kind, ctx.in_shape()[2:], ctx.out_shape()[2:], k, s, d, pads[:r], pads[r:], include_pad)
     return build
 
 

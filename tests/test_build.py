@@ -1,0 +1,169 @@
+"""The library build on hand-made graphs: every generated op against the numpy reference, apply-best
+from a real tuning log, the memory plan, and the build's errors."""
+
+import numpy as np
+import pytest
+
+from schemas import Config, MeasureOptions, TuningOptions, matmul_task
+from stages.build.library import BuildError, build_library
+from stages.build.memplan import Step, plan_workspace
+from stages.graph import reference
+from stages.graph.ir import Graph, Node, Value
+from stages.log import TuningLog
+from stages.runtime import load
+from stages.tune.session import run_session
+
+RNG = np.random.default_rng(7)
+
+
+def _const(shape, lo=-1.0, hi=1.0):
+    return RNG.uniform(lo, hi, size=shape).astype(np.float32)
+
+
+class _G:
+    """A tiny graph builder: `add` infers the output shape by running the reference op."""
+
+    def __init__(self, **inputs):
+        self.inputs = [Value(k, v.shape) for k, v in inputs.items()]
+        self.env = dict(inputs)
+        self.nodes: list[Node] = []
+        self.values = {v.name: v for v in self.inputs}
+        self.constants: dict[str, np.ndarray] = {}
+
+    def const(self, name, arr):
+        self.constants[name] = self.env[name] = arr
+        self.values[name] = Value(name, arr.shape)
+        return name
+
+    def add(self, op, ins, n_out=1, task=None, **attrs):
+        outs = [f"{op.lower()}{len(self.nodes)}_{j}" for j in range(n_out)]
+        node = Node(f"n{len(self.nodes)}_{op}", op, list(ins), outs, attrs, task)
+        for name, arr in zip(outs, reference.run_node(node, [self.env[i] for i in ins]), strict=True):
+            self.env[name] = arr
+            self.values[name] = Value(name, arr.shape)
+        self.nodes.append(node)
+        return outs[0] if n_out == 1 else outs
+
+    def graph(self, outputs):
+        return Graph("t", self.inputs, [self.values[o] for o in outputs], self.nodes, self.values, self.constants)
+
+
+def _every_op_graph():
+    x = _const((1, 4, 6, 6))
+    g = _G(x=x)
+    mp = g.add("MaxPool", ["x"], kernel_shape=[3, 3], strides=[1, 1], pads=[1, 1, 1, 1], dilations=[1, 1])
+    ap = g.add("AveragePool", ["x"], kernel_shape=[3, 3], strides=[2, 2], pads=[1, 1, 1, 1], ceil_mode=1,
+               count_include_pad=0)
+    ap2 = g.add("AveragePool", ["x"], kernel_shape=[2, 3], strides=[2, 2], pads=[0, 1, 1, 1], count_include_pad=1)
+    lrn = g.add("LRN", [mp], size=3, alpha=1e-3, beta=0.75, bias=1.0)
+    bn = g.add("BatchNormalization", [lrn, g.const("s", _const(4)), g.const("b", _const(4)), g.const("m", _const(4)),
+                                      g.const("v", _const(4, 0.5, 2))], epsilon=1e-5)
+    gap = g.add("GlobalAveragePool", [bn])
+    add = g.add("Add", [bn, gap])
+    sub = g.add("Sub", [add, g.const("c", _const((4, 1, 1)))])
+    mul = g.add("Mul", [sub, g.const("c2", _const((6,)))])
+    div = g.add("Div", [mul, g.const("d", _const((1, 4, 1, 1), 1, 2))])
+    relu = g.add("Relu", [div])
+    sq = g.add("Sqrt", [relu])
+    p2 = g.add("Pow", [div, g.const("two", np.array(2.0, dtype=np.float32))])
+    pw = g.add("Pow", [sq, g.const("e", np.array(1.5, dtype=np.float32))])
+    clip = g.add("Clip", [div], min=-0.5, max=0.5)
+    lk = g.add("LeakyRelu", [div], alpha=0.1)
+    sg = g.add("Sigmoid", [lk])
+    th = g.add("Tanh", [clip])
+    er = g.add("Erf", [div])
+    ge = g.add("Gelu", [div], approximate="none")
+    gt = g.add("Gelu", [div], approximate="tanh")
+    total = g.add("Sum", [sg, th, er, ge, gt, p2, pw])
+    tr = g.add("Transpose", [total], perm=[0, 2, 3, 1])
+    rs = g.add("Reshape", [tr], shape=[1, 36, 4])
+    sm = g.add("Softmax", [rs], axis=1)
+    lsm = g.add("LogSoftmax", [rs], axis=2)
+    ln = g.add("LayerNormalization", [rs, g.const("ls", _const((4,))), g.const("lb", _const((4,)))], axis=2,
+               epsilon=1e-5)
+    rm = g.add("ReduceMean", [ln], axes=[1], keepdims=0)
+    cat = g.add("Concat", [sm, lsm, ln], axis=2)
+    a, b = g.add("Split", [cat], n_out=2, axis=2, split=[5, 7])
+    sl = g.add("Slice", [b], starts=[0, 30, 1], steps=[1, -3, 2], sizes=[1, 10, 3])
+    pc = g.add("Pad", [sl], pads=[0, 2, -1, 0, 1, 2], mode="constant", value=0.25)
+    pe = g.add("Pad", [sl], pads=[0, 2, 1, 0, 3, 1], mode="edge")
+    pr = g.add("Pad", [sl], pads=[0, 2, 1, 0, 3, 1], mode="reflect")
+    fl = g.add("Flatten", [a], shape=[1, 180])
+    task = matmul_task(1, 10, 180)
+    mm = g.add("MatMul", [fl, g.const("w", _const((180, 10)))], task=task)
+    out = g.add("Softmax", [mm], axis=1)
+    outs = [ap, ap2, rm, pc, pe, pr, out]
+    return g.graph(outs), {"x": x}
+
+
+def test_every_generated_op_matches_the_reference(tmp_path, host):
+    graph, feeds = _every_op_graph()
+    fallbacks = []
+    manifest = build_library(graph, host, tmp_path / "lib", on_fallback=fallbacks.append)
+    assert len(fallbacks) == 1 and "matmul(1x180,180x10)" in fallbacks[0] and "no log given" in fallbacks[0]
+    kinds = {op.op: op.kind for op in manifest.ops}
+    assert kinds["MatMul"] == "default" and kinds["Reshape"] == "alias" and kinds["Softmax"] == "generated"
+    assert 0 < manifest.workspace_bytes < manifest.naive_workspace_bytes
+    got = load(tmp_path / "lib").run(**feeds)
+    want = reference.run(graph, feeds)
+    for name in want:
+        np.testing.assert_allclose(got[name], want[name], rtol=1e-3, atol=1e-4, err_msg=name)
+
+
+def _mm_graph(m=16, n=24, k=32):
+    g = _G(x=_const((m, k)))
+    y = g.add("MatMul", ["x", g.const("w", _const((k, n)))], task=matmul_task(m, n, k))
+    return g.graph([g.add("Relu", [y])]), {"x": g.env["x"]}
+
+
+def test_apply_best_takes_the_fastest_accepted_record_and_says_who_fell_back(tmp_path, host):
+    graph, feeds = _mm_graph()
+    task = graph.nodes[0].task
+    log = TuningLog(tmp_path / "log")
+    summary = run_session(task, host, TuningOptions(n_trials=6, batch_size=3, tuner="random",
+                                                    measure=MeasureOptions(threads=1)), log)
+    best = summary.best
+    # a faster record the template no longer accepts must be passed over, not used
+    bogus = best.model_copy(update={"config": Config(index=0, knobs={"nonsense": 1}), "trial": 99,
+                                    "result": best.result.model_copy(update={"costs": (1e-9,)})})
+    log.append([bogus])
+    notes = []
+    manifest = build_library(graph, host, tmp_path / "tuned", log=tmp_path / "log", on_fallback=notes.append)
+    assert notes == []
+    op = manifest.ops[0]
+    assert op.kind == "tuned" and op.knobs == best.config.knobs
+    assert op.record["session_id"] == best.session_id and op.record["trial"] == best.trial
+    assert manifest.log_digest and manifest.target_key == host.key
+    np.testing.assert_allclose(load(tmp_path / "tuned")(**feeds), reference.run(graph, feeds)[graph.outputs[0].name],
+                               rtol=1e-4, atol=1e-5)
+    # records were measured on 1 thread: a 2-thread build falls back, once, naming the task
+    manifest2 = build_library(graph, host, tmp_path / "t2", threads=2, log=tmp_path / "log",
+                              on_fallback=notes.append)
+    assert manifest2.ops[0].kind == "default" and len(notes) == 1 and task.signature in notes[0]
+
+
+def test_memory_plan_reuses_buffers_without_overlapping_live_ones():
+    steps = [Step((), ("a",)), Step(("a",), ("b",)), Step(("b",), ("c",)), Step(("a", "c"), ("d",)),
+             Step(("d",), ("e",))]
+    sizes = {"a": 100, "b": 640, "c": 64, "d": 300, "e": 64}
+    plan = plan_workspace(steps, sizes)
+    assert plan.size < plan.naive_size
+    live = {n: (min(i for i, s in enumerate(steps) if n in s.writes),
+                max(i for i, s in enumerate(steps) if n in s.reads + s.writes)) for n in sizes}
+    for x in sizes:
+        for y in sizes:
+            overlap_time = x < y and live[x][0] <= live[y][1] and live[y][0] <= live[x][1]
+            ox, oy = plan.offsets[x], plan.offsets[y]
+            if overlap_time:
+                assert ox + sizes[x] <= oy or oy + sizes[y] <= ox, (x, y)
+    assert all(off % 64 == 0 for off in plan.offsets.values())
+
+
+def test_build_errors_are_clear(tmp_path, host):
+    graph, _ = _mm_graph()
+    with pytest.raises(BuildError, match="no C compiler found"):
+        build_library(graph, host, tmp_path / "a", cc="no-such-compiler-tunaflow")
+    graph.nodes.append(Node("weird1", "NonZero", [graph.outputs[0].name], ["z"]))
+    graph.nodes.append(Node("weird2", "NonZero", ["x"], ["z2"]))
+    with pytest.raises(BuildError, match=r"NonZero \(weird1, weird2\)"):
+        build_library(graph, host, tmp_path / "b")

@@ -1,0 +1,253 @@
+"""`tunaflow build`, `tunaflow run`, `tunaflow tune`: whole models, from ONNX to a loaded library."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from tunaflow.console import err, fail, out, prefect_env
+
+ShapeOpt = Annotated[list[str] | None, typer.Option(
+    "--input-shape", help="bind an input's (or a symbolic dim's) shape, e.g. input=1x3x224x224 or batch=1")]
+TargetOpt = Annotated[str, typer.Option(help="'host', a preset, or 'llvm -mtriple=... -mcpu=...'")]
+JsonOpt = Annotated[bool, typer.Option("--json", help="print one JSON object at the end, for scripts")]
+
+
+def _graph(model: Path, input_shape: list[str] | None):
+    from stages.extract import ModelError, load_model, parse_input_shapes
+    from stages.graph.passes import optimize
+
+    if not model.is_file():
+        raise fail(f"{model}: no such model file")
+    try:
+        return optimize(load_model(model, parse_input_shapes(input_shape)))
+    except ModelError as exc:
+        raise fail(str(exc)) from exc
+
+
+def _target(text: str):
+    from schemas import Target, TargetError
+
+    try:
+        return Target.parse(text)
+    except TargetError as exc:
+        raise fail(str(exc)) from exc
+
+
+def _build(graph, target, output: Path, threads: int, log: Path | None, quiet: bool):
+    from stages.build.library import BuildError, build_library
+    from stages.log import LogError
+
+    if log is not None and not log.is_dir():
+        raise fail(f"{log}: no tuning log there (a directory of Parquet parts); run `tunaflow tune` first")
+    notes: list[str] = []
+    try:
+        manifest = build_library(graph, target, output, threads, log, on_fallback=notes.append)
+    except (BuildError, LogError) as exc:
+        raise fail(str(exc)) from exc
+    if notes and not quiet:
+        err.print(f"[yellow]{notes[0]}[/]", highlight=False)
+    return manifest, (notes[0] if notes else None)
+
+
+def build_summary(manifest, output: Path) -> dict:
+    kinds: dict[str, int] = {}
+    for op in manifest.ops:
+        kinds[op.kind] = kinds.get(op.kind, 0) + 1
+    return {"library": str(output), "ops": kinds, "threads": manifest.threads, "target_key": manifest.target_key,
+            "log_digest": manifest.log_digest, "workspace_bytes": manifest.workspace_bytes,
+            "naive_workspace_bytes": manifest.naive_workspace_bytes, "weights_bytes": manifest.weights_bytes,
+            "build_s": round(manifest.build_s, 2)}
+
+
+def _print_build(s: dict) -> None:
+    ops = ", ".join(f"{n} {k}" for k, n in sorted(s["ops"].items()))
+    out.print(f"built    : {s['library']} ({ops}; {s['threads']} thread(s); {s['build_s']:.1f} s)")
+    out.print(f"memory   : workspace {s['workspace_bytes'] / 2**20:.2f} MiB (without reuse "
+              f"{s['naive_workspace_bytes'] / 2**20:.2f} MiB), weights {s['weights_bytes'] / 2**20:.2f} MiB")
+
+
+def build(
+    model: Annotated[Path, typer.Argument(help="the ONNX model")],
+    output: Annotated[Path, typer.Option("-o", "--output", help="directory to write the library into")],
+    log: Annotated[Path | None, typer.Option(help="tuning log to take the best schedules from")] = None,
+    threads: Annotated[int, typer.Option(help="threads the anchor kernels run with (match the log's)")] = 1,
+    target: TargetOpt = "host",
+    input_shape: ShapeOpt = None,
+    json_out: JsonOpt = False,
+) -> None:
+    """Build MODEL into one shared library: tuned kernels where the log has them, defaults elsewhere.
+
+    Example: tunaflow build model.onnx --log runs/cnn/log -o runs/cnn/lib
+    """
+    graph = _graph(model, input_shape)
+    manifest, fallback = _build(graph, _target(target), output, threads, log, quiet=json_out)
+    summary = build_summary(manifest, output) | {"fallback": fallback}
+    if json_out:
+        print(json.dumps(summary))
+    else:
+        _print_build(summary)
+
+
+def run(
+    library: Annotated[Path, typer.Argument(help="directory written by `tunaflow build`")],
+    inputs: Annotated[Path | None, typer.Option(help=".npz with one array per model input (default: random)")] = None,
+    output: Annotated[Path | None, typer.Option(help="write the outputs to this .npz")] = None,
+    bench: Annotated[int, typer.Option(help="time this many calls and report median / p90 latency")] = 0,
+    threads: Annotated[int | None, typer.Option(help="check the library was built for this many threads")] = None,
+    json_out: JsonOpt = False,
+) -> None:
+    """Run a built library on inputs from an .npz (and optionally time it).
+
+    Example: tunaflow run runs/cnn/lib --inputs in.npz --output out.npz --bench 50
+    """
+    import numpy as np
+
+    from stages.runtime import LoadError, load
+    from stages.runtime.loader import latency_stats
+
+    try:
+        model = load(library)
+    except LoadError as exc:
+        raise fail(str(exc)) from exc
+    if threads is not None and threads != model.manifest.threads:
+        raise fail(f"{library} was built for {model.manifest.threads} thread(s); rebuild it with "
+                   f"`tunaflow build ... --threads {threads}` (the kernels' threading is compiled in)")
+    feeds = _feeds(model, inputs)
+    try:
+        results = model.run(**feeds)
+        stats = latency_stats(model.bench(bench, **feeds)) if bench > 0 else None
+    except LoadError as exc:
+        raise fail(str(exc)) from exc
+    if output is not None:
+        np.savez(output, **results)
+    report = {"library": str(library), "outputs": {k: list(v.shape) for k, v in results.items()},
+              "output_file": str(output) if output else None, "threads": model.manifest.threads, "latency": stats}
+    if json_out:
+        print(json.dumps(report))
+        return
+    for name, arr in results.items():
+        out.print(f"output {name}: shape {list(arr.shape)}, mean {float(arr.mean()):.6g}, max {float(arr.max()):.6g}")
+    if output is not None:
+        out.print(f"written  : {output}")
+    if stats:
+        out.print(f"latency  : median {stats['median_ms']:.3f} ms, p90 {stats['p90_ms']:.3f} ms over "
+                  f"{stats['calls']} calls ({model.manifest.threads} thread(s))")
+
+
+def _feeds(model, inputs: Path | None) -> dict:
+    import numpy as np
+
+    if inputs is None:
+        rng = np.random.default_rng(0)
+        return {i.name: rng.standard_normal(i.shape).astype(i.dtype) for i in model.inputs}
+    if not inputs.is_file():
+        raise fail(f"{inputs}: no such file")
+    with np.load(inputs) as data:
+        arrays = {k: data[k] for k in data.files}
+    names = [i.name for i in model.inputs]
+    if set(arrays) != set(names) and len(arrays) == len(names) == 1:
+        arrays = {names[0]: next(iter(arrays.values()))}
+    return arrays
+
+
+def tune(
+    model: Annotated[Path, typer.Argument(help="the ONNX model")],
+    output: Annotated[Path, typer.Option("-o", "--output", help="directory to write the library into")],
+    log: Annotated[Path, typer.Option(help="tuning log directory (created if missing; a rerun resumes)")]
+    = Path("tuning-log"),
+    trials: Annotated[int, typer.Option(help="trial budget per task in the log")] = 32,
+    threads: Annotated[int, typer.Option(help="threads each kernel is tuned and built with")] = 1,
+    tuner: Annotated[str, typer.Option(help="search policy (see tune-op)")] = "random",
+    batch_size: Annotated[int, typer.Option(help="candidates built and measured per round and task")] = 8,
+    seed: Annotated[int, typer.Option(help="seed of the search")] = 0,
+    target: TargetOpt = "host",
+    input_shape: ShapeOpt = None,
+    json_out: JsonOpt = False,
+    prefect: Annotated[bool, typer.Option("--prefect/--no-prefect", help="run as a Prefect flow or directly")]
+    = True,
+) -> None:
+    """Extract MODEL's tasks, tune each one, then build the library (resumable from LOG).
+
+    Example: tunaflow tune model.onnx --trials 32 --log runs/cnn/log -o runs/cnn/lib
+    """
+    from pydantic import ValidationError
+
+    from schemas import MeasureOptions, TuningOptions
+
+    tgt = _target(target)
+    try:
+        options = TuningOptions(n_trials=trials, tuner=tuner, seed=seed, batch_size=batch_size,
+                                measure=MeasureOptions(threads=threads))
+    except ValidationError as exc:
+        raise fail(str(exc)) from exc
+    result = tune_model(model, tgt, options, log, output, input_shape, prefect, quiet=json_out)
+    if json_out:
+        print(json.dumps(result))
+    else:
+        print_tune(result)
+
+
+def tune_model(model: Path, target, options, log: Path, output: Path, input_shape: list[str] | None,
+               prefect: bool, quiet: bool, charts_dir: Path | None = None) -> dict:
+    """Extract → tune → build → charts, through the Prefect flow or directly; a JSON-able report."""
+    from stages.log import LogError, TuningLog
+
+    try:
+        TuningLog(log).records()
+    except LogError as exc:
+        raise fail(str(exc)) from exc
+    charts_dir = charts_dir or output / "charts"
+    if prefect:
+        from stages.extract import ModelError, parse_input_shapes
+
+        prefect_env()
+        from flows.tune_model import tune_model as flow
+
+        try:
+            shapes = parse_input_shapes(input_shape)
+            r = flow(str(model), target.to_string() if target.name != "host" else "host", options, str(log),
+                     str(output), shapes, str(charts_dir))
+        except ModelError as exc:
+            raise fail(str(exc)) from exc
+        tasks, summaries, manifest, fallback, charts = (r[k] for k in ("tasks", "summaries", "manifest", "fallback",
+                                                                        "charts"))
+    else:
+        from stages.build.tune_all import tune_round_robin
+        from stages.graph.tasks import extract_tasks
+        from stages.report.charts import log_charts
+
+        graph = _graph(model, input_shape)
+        tasks = extract_tasks(graph)
+        if not quiet:
+            out.print(f"[bold]{model.name}[/]: {len(tasks)} task(s), {options.n_trials} trials each")
+        summaries = tune_round_robin([t.task for t in tasks], target, options, TuningLog(log))
+        manifest, fallback = _build(graph, target, output, options.measure.threads, log, quiet=True)
+        charts = [str(p) for p in log_charts(TuningLog(log), charts_dir, target.key, options.measure.threads)]
+    if fallback and not quiet:
+        err.print(f"[yellow]{fallback}[/]", highlight=False)
+    return {
+        "model": str(model), "log": str(log), "charts": charts, "fallback": fallback,
+        "tasks": [{"task": t.task.description, "signature": t.task.signature, "weight": t.weight,
+                   "trials": s.trials, "new_trials": s.new_trials, "best_gflops": round(s.best_gflops, 2),
+                   "errors": s.errors} for t, s in zip(tasks, summaries, strict=True)],
+        **build_summary(manifest, output),
+    }
+
+
+def print_tune(r: dict) -> None:
+    from rich.table import Table
+
+    table = Table(title=f"tasks of {r['model']}")
+    for col in ("task", "x", "trials", "new", "best GFLOPS", "failed"):
+        table.add_column(col, justify="left" if col == "task" else "right")
+    for t in r["tasks"]:
+        table.add_row(t["task"], str(t["weight"]), str(t["trials"]), str(t["new_trials"]), f"{t['best_gflops']:.1f}",
+                      str(sum(t["errors"].values())))
+    out.print(table)
+    _print_build(r)
+    out.print(f"tuning log: {r['log']}")
+    out.print(f"charts   : {Path(r['charts'][0]).parent if r['charts'] else '(none)'} ({len(r['charts'])} PNG)")
