@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import typer
 
-from tunaflow.commands import demo, log, model, target, tune_op
+from tunaflow.commands import demo, log, log_check, model, target, tasks, tune_op
 
 app = typer.Typer(
     help="tunaflow: auto-tune tensor operators with LLVM, keep every trial in a Parquet log, "
@@ -16,6 +16,7 @@ app.add_typer(log_app, name="log")
 
 app.command("tune-op")(tune_op.tune_op)
 app.command("target")(target.target)
+app.command("tasks")(tasks.tasks)
 app.command("tune")(model.tune)
 app.command("build")(model.build)
 app.command("run")(model.run)
@@ -23,6 +24,7 @@ app.command("demo")(demo.demo)
 log_app.command("show")(log.log_show)
 log_app.command("export")(log.log_export)
 log_app.command("merge")(log.log_merge)
+log_app.command("check")(log_check.log_check)
 
 
 def main() -> None:

@@ -193,12 +193,20 @@ def _import_node(op: str, name: str, ins: list[str], outs: list[str], raw: dict,
             ctx.shapes[outs[0]] = ctx.shapes[ins[0]]
             return
         args = [ctx.const(i, f"input {k}") for k, i in enumerate(ins) if i]
-        _set_const(ctx, outs[0], FOLD_ONLY[op](raw, args, ctx))
+        try:
+            _set_const(ctx, outs[0], FOLD_ONLY[op](raw, args, ctx))
+        except ModelError:
+            raise
+        except (ValueError, IndexError) as exc:
+            raise ModelError(f"{op} {name!r}: folding failed: {exc}") from None
         return
     for new_op, new_ins, new_outs, attrs in NORMALIZERS[op](ins, outs, raw, ctx):
         live_ins = [i for i in new_ins if i]
         if all(i in ctx.consts for i in live_ins):
-            results = OPS[new_op]([ctx.consts[i] for i in live_ins], attrs)
+            try:
+                results = OPS[new_op]([ctx.consts[i] for i in live_ins], attrs)
+            except (ValueError, IndexError) as exc:
+                raise ModelError(f"{op} {name!r}: folding its constant inputs failed: {exc}") from None
             for out, res in zip(new_outs, results, strict=True):
                 _set_const(ctx, out, np.asarray(res))
             continue

@@ -25,8 +25,9 @@ from collections.abc import Callable
 
 import numpy as np
 
-from schemas.task import EpilogueOp, TuningTask
+from schemas.task import TuningTask
 from stages.graph.ir import Graph, Node
+from stages.templates.epilogue import apply_reference
 
 OpFn = Callable[[list[np.ndarray], dict], list[np.ndarray]]
 
@@ -41,11 +42,11 @@ def run(graph: Graph, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         if arr.shape != value.shape:
             raise ValueError(f"input {value.name!r} has shape {arr.shape}, the graph wants {value.shape}")
         env[value.name] = arr
-    for node in graph.nodes:
-        args = [env[name] for name in node.inputs]
-        results = run_node(node, args)
-        for name, res in zip(node.outputs, results, strict=True):
-            env[name] = res.reshape(graph.values[name].shape) if name in graph.values else res
+    with np.errstate(invalid="ignore", divide="ignore", over="ignore"):  # NaN/inf propagate as ONNX says
+        for node in graph.nodes:
+            results = run_node(node, [env[name] for name in node.inputs])
+            for name, res in zip(node.outputs, results, strict=True):
+                env[name] = res.reshape(graph.values[name].shape) if name in graph.values else res
     return {v.name: env[v.name] for v in graph.outputs}
 
 
@@ -72,30 +73,7 @@ def run_anchor(task: TuningTask, args: list[np.ndarray]) -> np.ndarray:
         y = x @ w.T
     else:
         y = np.matmul(x, w)
-    return apply_epilogue(task.epilogue, y, args[2:], channel_axis=1 if task.op == "conv2d" else -1)
-
-
-def apply_epilogue(ops: tuple[EpilogueOp, ...], y: np.ndarray, tensors: list[np.ndarray],
-                   channel_axis: int) -> np.ndarray:
-    """Epilogue ops in order; per-channel tensors broadcast along `channel_axis`."""
-    rest = list(tensors)
-    shape = [1] * y.ndim
-    shape[channel_axis] = y.shape[channel_axis]
-
-    def channel() -> np.ndarray:
-        return rest.pop(0).reshape(shape)
-
-    for op in ops:
-        if op.kind == "bias":
-            y = y + channel()
-        elif op.kind == "scale_shift":
-            scale = channel()
-            y = y * scale + channel()
-        elif op.kind == "residual_add":
-            y = y + rest.pop(0).reshape(y.shape)
-        else:
-            y = UNARY[op.kind](y, op.attrs)
-    return y.astype(np.float32)
+    return apply_reference(task.epilogue, y, args[2:], channel_axis=1 if task.op == "conv2d" else -1)
 
 
 def conv2d(x: np.ndarray, w: np.ndarray, strides, pads, dilations, group: int) -> np.ndarray:
@@ -131,7 +109,7 @@ def _sigmoid(x: np.ndarray) -> np.ndarray:
     return 1 / (1 + np.exp(-x))
 
 
-UNARY: dict[str, Callable[[np.ndarray, dict], np.ndarray]] = {
+UNARY: dict[str, Callable[[np.ndarray, dict], np.ndarray]] = {  # ONNX element-wise ops, by epilogue name
     "relu": lambda x, a: np.maximum(x, 0),
     "clip": lambda x, a: np.clip(x, a.get("min", -np.inf), a.get("max", np.inf)),
     "leaky_relu": lambda x, a: np.where(x >= 0, x, x * a.get("alpha", 0.01)),

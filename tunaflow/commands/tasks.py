@@ -1,0 +1,55 @@
+"""`tunaflow tasks MODEL.onnx`: the tuning tasks a model brings, after fusion."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.table import Table
+
+from tunaflow.console import fail, out
+
+
+def tasks(
+    model: Annotated[Path, typer.Argument(help="ONNX model file")],
+    input_shape: Annotated[list[str] | None, typer.Option(
+        "--input-shape", help="bind a dynamic input: NAME=1x3x224x224, or one symbolic dim: SYMBOL=8 (repeatable)")]
+    = None,
+    json_out: Annotated[bool, typer.Option("--json", help="print the tasks as JSON lines, for scripts")] = False,
+) -> None:
+    """List the tuning tasks of a model: op, shapes, fused epilogue, occurrences, FLOPs.
+
+    Example: tunaflow tasks data/models/cnn.onnx
+    """
+    from stages.extract import ModelError, load_model, parse_input_shapes
+    from stages.graph.passes import optimize
+    from stages.graph.tasks import extract_tasks, untuned_ops
+
+    if not model.is_file():
+        raise fail(f"no model file {model}")
+    try:
+        graph = optimize(load_model(model, parse_input_shapes(input_shape)))
+    except ModelError as exc:
+        raise fail(str(exc)) from exc
+    found = extract_tasks(graph)
+    if json_out:
+        for e in found:
+            print(json.dumps({"signature": e.task.signature, "op": e.task.op, "description": e.task.description,
+                              "weight": e.weight, "flops": e.flops, "nodes": list(e.nodes),
+                              "task": e.task.model_dump(mode="json")}))
+        return
+    table = Table(title=f"{graph.name}: {len(found)} tasks from {sum(e.weight for e in found)} anchor ops")
+    for col, justify in (("#", "right"), ("op", "left"), ("input", "left"), ("weight", "left"), ("output", "left"),
+                         ("epilogue", "left"), ("count", "right"), ("MFLOP", "right")):
+        table.add_column(col, justify=justify)
+    for i, e in enumerate(found):
+        t = e.task
+        x, w, y = ("x".join(map(str, s.shape)) for s in (t.inputs[0], t.inputs[1], t.outputs[0]))
+        epi = ",".join(op.kind + "".join(f":{v:g}" for v in op.attrs.values()) for op in t.epilogue)
+        table.add_row(str(i), t.op, x, w, y, epi or "-", str(e.weight), f"{e.flops / 1e6:.2f}")
+    out.print(table)
+    total = sum(e.flops * e.weight for e in found)
+    rest = ", ".join(f"{op} x{n}" for op, n in sorted(untuned_ops(graph).items()))
+    out.print(f"total {total / 1e6:.1f} MFLOPs in tuned ops; not tuned (memory-bound): {rest or 'none'}")
