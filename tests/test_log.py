@@ -138,3 +138,27 @@ def test_merge_skips_duplicates_and_export_jsonl(tmp_path):
     lines = [json.loads(line) for line in out.read_text().splitlines()]
     assert {(x["session_id"], x["trial"]) for x in lines} == {("s1", 0), ("s1", 1), ("s2", 0)}
     assert TuningRecord.model_validate(lines[0]).task_signature == TASK.signature
+
+
+def test_check_and_repair_move_bad_parts_aside_and_keep_good_rows(tmp_path):
+    root = tmp_path / "log"
+    log = TuningLog(root)
+    log.append([rec(0, 1e-3), rec(1, 2e-3)])
+    (root / "part-zero.parquet").write_bytes(b"")
+    table = to_table([rec(2, 1e-3), rec(3, 1e-3)])
+    rows = table.to_pylist()
+    rows[1]["trial"] = -5
+    pq.write_table(pa.Table.from_pylist(rows, schema=SCHEMA), root / "part-halfbad.parquet")
+    records, problems = log.read(strict=False)
+    assert len(records) == 3
+    assert {p.path.name for p in problems} == {"part-zero.parquet", "part-halfbad.parquet"}
+    assert any("row 1 fails validation: trial" in p.reason for p in problems)
+    r = subprocess.run([sys.executable, "-m", "tunaflow", "log", "check", str(root)], capture_output=True, text=True,
+                       cwd=Path(__file__).resolve().parent.parent)
+    assert r.returncode == 1 and "part-zero.parquet" in r.stdout
+    r = subprocess.run([sys.executable, "-m", "tunaflow", "log", "check", str(root), "--repair"],
+                       capture_output=True, text=True, cwd=Path(__file__).resolve().parent.parent)
+    assert r.returncode == 0, r.stderr
+    assert sorted(p.name for p in (root / "quarantine").iterdir()) == ["part-halfbad.parquet", "part-zero.parquet"]
+    assert sorted(x.trial for x in log.records()) == [0, 1, 2]
+    assert log.read(strict=False)[1] == []

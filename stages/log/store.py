@@ -23,6 +23,7 @@ from stages.log.arrow_schema import JSON_META, arrow_schema, from_row, to_row
 VERSION_KEY = "tunaflow.schema_version"
 SCHEMA = arrow_schema(TuningRecord, metadata={VERSION_KEY: str(SCHEMA_VERSION)})
 PART_GLOB = "part-*.parquet"
+QUARANTINE = "quarantine"
 
 
 class LogError(Exception):
@@ -111,6 +112,37 @@ class TuningLog:
         """The error-free record with the lowest median cost for this task and target."""
         ok = [r for r in self.for_task(task_signature, target_key, threads) if r.result.ok]
         return min(ok, key=lambda r: r.result.median) if ok else None
+
+    def repair(self) -> list[Path]:
+        """Move every unreadable part into `quarantine/` (never deletes); a part with some invalid
+        rows is moved too, after its valid rows are re-appended as a new part. Returns moved paths."""
+        moved: list[Path] = []
+        bad_parts: dict[Path, list[TuningRecord]] = {}
+        for part in self.parts():
+            try:
+                rows = _read_part(part).to_pylist()
+            except LogError:
+                bad_parts[part] = []
+                continue
+            good, invalid = [], False
+            for row in rows:
+                try:
+                    good.append(TuningRecord.model_validate(_decode(row)))
+                except (ValidationError, ValueError):
+                    invalid = True
+            if invalid:
+                bad_parts[part] = good
+        if not bad_parts:
+            return moved
+        aside = self.path / QUARANTINE
+        aside.mkdir(exist_ok=True)
+        for part, salvaged in bad_parts.items():
+            self.append(salvaged)
+            target = aside / part.name
+            os.replace(part, target)
+            moved.append(target)
+        _fsync_dir(self.path)
+        return moved
 
     def export_jsonl(self, out: str | os.PathLike[str]) -> int:
         records = self.records()
