@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import typer
 
-from tunaflow.commands import demo, log, log_check, model, target, tasks, tune_op
+from tunaflow.commands import demo, log, log_check, log_plot, model, target, tasks, tune_op
 
 app = typer.Typer(
     help="tunaflow: auto-tune tensor operators with LLVM, keep every trial in a Parquet log, "
@@ -25,6 +25,7 @@ log_app.command("show")(log.log_show)
 log_app.command("export")(log.log_export)
 log_app.command("merge")(log.log_merge)
 log_app.command("check")(log_check.log_check)
+log_app.command("plot")(log_plot.log_plot)
 
 
 def main() -> None:
