@@ -7,17 +7,19 @@ from __future__ import annotations
 
 from llvmlite import ir
 
-from stages.codegen.irb import I32, I64, VOIDP, for_range, i64
+from stages.codegen.irb import I32, I64, VOIDP, for_range, i64, intrinsic
 
 _CTX = ir.LiteralStructType([VOIDP, I64, I64])  # args, begin, end
 
 
-def emit_main(module: ir.Module, body: ir.Function, extent: int, threads: int) -> ir.Function:
+def emit_main(module: ir.Module, body: ir.Function, extent: int, threads: int,
+              name: str = "tf_main") -> ir.Function:
     """`void tf_main(ptr args)` running `body(args, begin, end)` over [0, extent) on `threads` threads.
 
-    `body` must be safe to run on disjoint ranges concurrently.
+    `body` must be safe to run on disjoint ranges concurrently. Another `name` gives one parallel
+    phase of a multi-phase `tf_main` (e.g. pack the input, then compute).
     """
-    main = ir.Function(module, ir.FunctionType(ir.VoidType(), [VOIDP]), name="tf_main")
+    main = ir.Function(module, ir.FunctionType(ir.VoidType(), [VOIDP]), name=name)
     b = ir.IRBuilder(main.append_basic_block("entry"))
     args = main.args[0]
     threads = max(1, min(threads, extent))
@@ -26,9 +28,8 @@ def emit_main(module: ir.Module, body: ir.Function, extent: int, threads: int) -
         b.ret_void()
         return main
     tramp = _trampoline(module, body)
-    create = ir.Function(module, ir.FunctionType(I32, [I64.as_pointer(), VOIDP, tramp.type, VOIDP]),
-                         name="pthread_create")
-    join = ir.Function(module, ir.FunctionType(I32, [I64, VOIDP.as_pointer()]), name="pthread_join")
+    create = intrinsic(module, "pthread_create", I32, [I64.as_pointer(), VOIDP, tramp.type, VOIDP])
+    join = intrinsic(module, "pthread_join", I32, [I64, VOIDP.as_pointer()])
     ctxs = b.alloca(_CTX, size=i64(threads))
     tids = b.alloca(I64, size=i64(threads))
     bounds = [extent * t // threads for t in range(threads + 1)]

@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 from schemas.task import TuningTask
-from stages.templates import matmul
+from stages.templates import conv2d, matmul
 from stages.templates.base import Template
 
-TEMPLATES: dict[str, Template] = {"matmul": matmul}
+TEMPLATES: dict[str, Template] = {"matmul": matmul, "conv2d": conv2d}
 
 
 def template_for(task: TuningTask) -> Template:

@@ -1,0 +1,190 @@
+"""float32 conv2d (NCHW activations, OIHW weights) with a fused epilogue, as a direct blocked kernel.
+
+Every stride, dilation, symmetric or asymmetric padding, group count (depthwise included) and
+window size runs through one register-tiled kernel (see `conv2d_kernel`); a 1x1 stride-1
+unpadded conv becomes a GEMM over the flattened image. Weights are re-laid once, in
+`kernel_args`, into per-tile panels `OIHW[icb]i[mr]o` (order `hwc`) or `OIHW[mr]o` (order `chw`).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from llvmlite import ir
+
+from schemas.config import Config
+from schemas.target import Target
+from schemas.task import TuningTask, parse_epilogue
+from stages.codegen.harness import add_harness
+from stages.templates import epilogue
+from stages.templates.conv2d_kernel import Plan, build
+from stages.templates.conv2d_shape import conv2d_task, geom, parse_pads, parse_pair
+from stages.templates.conv2d_shape import reference as _reference
+from stages.templates.space import ConfigSpace, Knob, Knobs
+
+NAME = "conv2d"
+VERSION = 1
+
+VW = (4, 8, 16)
+MR = (1, 2, 3, 4, 5, 6, 7, 8, 10, 12, 14, 16)
+NW = (1, 2, 3, 4, 5, 6, 7)
+RH = (1, 2, 3, 4)
+ICB = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)
+ORDER = ("chw", "hwc")
+UNROLL = (0, 1, 2)  # kernel window loops unrolled: none, kw, kh and kw
+UK = (1, 2, 4)
+OCN = (1, 2, 4, 8, 16, 32, 64)
+PAR = ("oc", "oh")
+
+MAX_UNROLLED_FMAS = 512  # keeps a candidate's compile well under 150 ms
+
+CLI_OPTIONS = ("input", "weight", "stride", "pad", "dilation", "groups", "epilogue")
+
+
+def task_from_cli(opts: dict) -> TuningTask:
+    """`tune-op conv2d --input 1x64x56x56 --weight 64x64x3x3 --stride 1 --pad 1 --groups 1 --epilogue bias,relu`."""
+    missing = [f"--{o}" for o in ("input", "weight") if opts.get(o) is None]
+    if missing:
+        raise ValueError(f"conv2d needs {', '.join(missing)}")
+    try:
+        x = tuple(int(d) for d in str(opts["input"]).lower().split("x"))
+        w = tuple(int(d) for d in str(opts["weight"]).lower().split("x"))
+    except ValueError as exc:
+        raise ValueError(f"--input and --weight are shapes like 1x64x56x56: {exc}") from exc
+    return conv2d_task(x, w, parse_pair(opts.get("stride"), 1), parse_pads(opts.get("pad")),
+                       parse_pair(opts.get("dilation"), 1), int(opts.get("groups") or 1),
+                       parse_epilogue(opts.get("epilogue") or ""))
+
+
+def plan(task: TuningTask, knobs: Knobs) -> Plan:
+    c = knobs
+    return Plan(geom(task), int(c["vw"]), int(c["mr"]), int(c["nw"]), int(c["rh"]), int(c["icb"]), str(c["order"]),
+                int(c["unroll"]), int(c["uk"]), int(c["ocn"]), str(c["par"]))
+
+
+def space(task: TuningTask, target: Target) -> ConfigSpace:
+    g = geom(task)
+    regs, lanes = target.vector_registers, target.vector_lanes
+
+    def rule(c: Knobs) -> str | None:
+        p = plan(task, c)
+        nv = p.rh * p.nw
+        if p.vw > lanes:
+            return f"vw={p.vw} exceeds the target's {lanes} float lanes"
+        if p.mr * nv + nv + 1 > regs:
+            return f"a {p.mr}x{p.rh}x{p.nw} tile needs {p.mr * nv + nv + 1} vector registers, target has {regs}"
+        if (p.nw - 1) * p.vw >= p.out_w:
+            return f"nw={p.nw} vectors of {p.vw} leave a whole vector past the output width {p.out_w}"
+        if p.rh > p.out_h:
+            return f"rh={p.rh} exceeds the output height {p.out_h}"
+        if p.mr > g.oc:
+            return f"mr={p.mr} exceeds the {g.oc} output channels"
+        if not (p.shared or p.mr % g.ocg == 0):
+            return f"mr={p.mr} neither divides nor is a multiple of the {g.ocg} output channels per group"
+        if p.icb > 1 and p.icb // 2 >= g.icg:
+            return f"icb={p.icb} is over twice the {g.icg} input channels per group"
+        if p.uk > 1 and p.uk > min(p.icb, g.icg):
+            return f"uk={p.uk} exceeds the channel block {min(p.icb, g.icg)}"
+        if p.ocn > 1 and (p.ocn // 2) >= p.tiles:
+            return f"ocn={p.ocn} channel tiles cover the {p.tiles} tiles more than twice"
+        if p.unroll and g.kh * g.kw == 1:
+            return "a 1x1 window has no loop to unroll"
+        if p.unroll == 1 and g.kw == 1:
+            return "unroll=1 unrolls a window width of 1"
+        fmas = p.mr * nv * p.uk * (1, g.kw, g.kh * g.kw)[p.unroll]
+        if fmas > MAX_UNROLLED_FMAS:
+            return f"the unrolled step has {fmas} FMAs (limit {MAX_UNROLLED_FMAS}, compile time)"
+        return None
+
+    knobs = (Knob("vw", VW), Knob("mr", MR), Knob("nw", NW), Knob("rh", RH), Knob("icb", ICB),
+             Knob("order", ORDER), Knob("unroll", UNROLL), Knob("uk", UK), Knob("ocn", OCN), Knob("par", PAR))
+    return ConfigSpace(knobs=knobs, rule=rule)
+
+
+def default_config(task: TuningTask, target: Target) -> Config:
+    """Fill the register file with a tile whose width wastes the fewest lanes, keep the input slab
+    of one column tile in half of L1 and the weights of a channel block in half of L2; the
+    parallel axis is whichever has more items."""
+    g = geom(task)
+    sp = space(task, target)
+    regs = target.vector_registers
+    out_h, out_w = (1, g.oh * g.ow) if g.is_1x1_gemm else (g.oh, g.ow)
+    best: tuple | None = None
+    for vw in (v for v in VW if v <= target.vector_lanes):
+        for nw in NW:
+            for rh in (r for r in RH if r <= out_h):
+                cols = -(-out_w // (nw * vw)) * nw * vw
+                rows = -(-out_h // rh) * rh
+                nv = rh * nw
+                mrs = [m for m in MR if m * nv + nv + 1 <= regs and m <= g.oc
+                       and (g.groups == 1 or g.ocg % m == 0 or m % g.ocg == 0)]
+                if not mrs or (nw - 1) * vw >= out_w:
+                    continue
+                mr = max(mrs)
+                eff = out_w * out_h / (cols * rows) * min(1.0, mr * nv / 24)
+                score = (round(eff, 2), mr * nv, vw)
+                if best is None or score > best[0]:
+                    best = (score, vw, nw, rh, mr)
+    assert best is not None
+    _, vw, nw, rh, mr = best
+    window_in = ((rh - 1) * g.sh + (g.kh - 1) * g.dh + 1) * (nw * vw * g.sw + (g.kw - 1) * g.dw)
+    icb = _fit(ICB, max(1, target.l1_bytes // 2 // (4 * window_in)), g.icg)
+    tiles = -(-g.oc // mr)
+    ocn = _fit(OCN, max(1, target.l2_bytes // 2 // (4 * mr * icb * g.kh * g.kw)), tiles)
+    par = "oc" if -(-tiles // ocn) >= -(-out_h // rh) else "oh"
+    knobs: Knobs = {"vw": vw, "mr": mr, "nw": nw, "rh": rh, "icb": icb, "order": "chw", "unroll": 1, "uk": 1,
+                    "ocn": ocn, "par": par}
+    for unroll, uk in ((2, 1), (1, 1), (0, 2), (0, 1)):
+        knobs.update(unroll=unroll, uk=uk)
+        if sp.reason(knobs) is None:
+            break
+    return sp.from_knobs(knobs)
+
+
+def _fit(choices: tuple[int, ...], want: int, extent: int) -> int:
+    """The largest choice <= want, but no larger than needed to cover `extent`."""
+    fitting = [c for c in choices if c <= want] or [choices[0]]
+    covering = [c for c in choices if c >= extent]
+    return min(max(fitting), min(covering)) if covering else max(fitting)
+
+
+def make_inputs(task: TuningTask, seed: int = 0) -> list[np.ndarray]:
+    rng = np.random.default_rng(seed)
+    x, w = (rng.uniform(-1, 1, size=t.shape).astype(np.float32) for t in task.inputs[:2])
+    return [x, w, *epilogue.make_operands(task.epilogue, task.outputs[0].shape, 1, rng)]
+
+
+def reference(task: TuningTask, inputs: list[np.ndarray]) -> np.ndarray:
+    return _reference(task, inputs)
+
+
+def pack_weights(w: np.ndarray, p: Plan) -> np.ndarray:
+    """OIHW → per-tile panels, zero-padded on O (and on I for `hwc`): done once, at build time."""
+    g = p.g
+    padded = np.zeros((p.tiles * p.mr, p.ic_pad, g.kh, g.kw), dtype=np.float32)
+    padded[: g.oc, : g.icg] = w
+    t = padded.reshape(p.tiles, p.mr, p.ic_pad, g.kh, g.kw)
+    if p.order == "chw":
+        return np.ascontiguousarray(t.transpose(0, 2, 3, 4, 1))
+    t = t.reshape(p.tiles, p.mr, p.ic_pad // p.icb, p.icb, g.kh, g.kw)
+    return np.ascontiguousarray(t.transpose(0, 2, 4, 5, 3, 1))
+
+
+def kernel_args(task: TuningTask, knobs: Knobs, inputs: list[np.ndarray]) -> list[np.ndarray]:
+    """`[X, packed W, *epilogue tensors, (packed-input workspace), Y]`; the output is last."""
+    p = plan(task, knobs)
+    x, w, *epi = inputs
+    ws = [np.zeros(p.workspace, dtype=np.float32)] if p.workspace else []
+    out = np.zeros(task.outputs[0].shape, dtype=np.float32)
+    return [np.ascontiguousarray(x), pack_weights(w, p), *(np.ascontiguousarray(e) for e in epi), *ws, out]
+
+
+def build_ir(task: TuningTask, knobs: Knobs, target: Target, threads: int = 1) -> ir.Module:
+    p = plan(task, knobs)
+    mod = ir.Module(name=f"conv2d_{task.signature}")
+    mod.triple = target.triple
+    add_harness(mod, build(mod, p, task.epilogue, threads))
+    return mod
+
+
+__all__ = ["CLI_OPTIONS", "NAME", "VERSION", "build_ir", "conv2d_task", "default_config", "kernel_args",
+           "make_inputs", "reference", "space", "task_from_cli"]

@@ -1,0 +1,406 @@
+"""LLVM IR of the direct conv2d: an optional input pack phase, then register-tiled micro-kernels.
+
+Vectors run along the output width (so activations stay NCHW and the output is stored as it is,
+no layout transform): a register tile holds `mr` output channels x `rh` output rows x `nw`
+vectors of `vw` output columns. Each reduction step broadcasts `mr` weights and loads `rh*nw`
+input vectors, like a GEMM micro-kernel whose A panel is the packed weights.
+
+The pack phase writes the zero-padded input with its width split into `stride` phases,
+`Xp[n][c][row][phase][q] = Xpad[n][c][row][q*sw + phase]`, so the input of every window tap is a
+unit-stride vector for any stride and dilation. A 1x1, stride-1, unpadded conv skips it and
+runs as a GEMM over the flattened image (weights packed into panels, the image read in place).
+Group convolutions tile the global output-channel axis: a tile inside one group shares its
+input vectors; a tile spanning whole groups (depthwise) loads each group's own input.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from llvmlite import ir
+
+from schemas.task import EpilogueOp
+from stages.codegen.irb import (
+    F32,
+    F32P,
+    I1,
+    I32,
+    I64,
+    VOIDP,
+    add,
+    fma,
+    for_range,
+    gep,
+    i64,
+    load_vec,
+    mul,
+    smin,
+    splat,
+    store_vec,
+    vec,
+)
+from stages.templates import epilogue
+from stages.templates.conv2d_shape import ConvGeom
+
+
+@dataclass(frozen=True)
+class Plan:
+    """Compile-time facts of one (geometry, knobs) pair, shared by the IR and the argument packer."""
+
+    g: ConvGeom
+    vw: int
+    mr: int
+    nw: int
+    rh: int
+    icb: int
+    order: str
+    unroll: int
+    uk: int
+    ocn: int
+    par: str
+
+    @property
+    def flat(self) -> bool:
+        return self.g.is_1x1_gemm
+
+    @property
+    def out_h(self) -> int:
+        return 1 if self.flat else self.g.oh
+
+    @property
+    def out_w(self) -> int:
+        return self.g.oh * self.g.ow if self.flat else self.g.ow
+
+    @property
+    def wq(self) -> int:
+        """Columns of one stride phase of a packed input row."""
+        return -(-(self.g.w + self.g.pl + self.g.pr) // self.g.sw)
+
+    @property
+    def hp(self) -> int:
+        return self.g.h + self.g.pt + self.g.pb
+
+    @property
+    def row_stride(self) -> int:
+        return self.out_w if self.flat else self.g.sw * self.wq
+
+    @property
+    def plane(self) -> int:
+        """Floats per input channel plane as the micro-kernel reads it."""
+        return self.g.h * self.g.w if self.flat else self.hp * self.row_stride
+
+    @property
+    def workspace(self) -> int:
+        """Floats of the packed-input buffer (0 when X is read in place); the slack after the last
+        plane is read (and masked off) by the rows of an edge row tile."""
+        if self.flat:
+            return 0
+        return self.g.n * self.g.c * self.plane + self.rh * self.g.sh * self.row_stride
+
+    @property
+    def shared(self) -> bool:
+        """All rows of a tile lie in one group, so they read the same input vectors."""
+        return self.g.groups == 1 or self.g.ocg % self.mr == 0
+
+    @property
+    def tiles(self) -> int:
+        return -(-self.g.oc // self.mr)
+
+    @property
+    def ic_pad(self) -> int:
+        """Input channels per group as laid out in the packed weights."""
+        return self.g.icg if self.order == "chw" else -(-self.g.icg // self.icb) * self.icb
+
+    @property
+    def panel(self) -> int:
+        """Floats of one tile's packed weight panel."""
+        return self.ic_pad * self.g.kh * self.g.kw * self.mr
+
+    @property
+    def ic_blocks(self) -> int:
+        return -(-self.g.icg // self.icb)
+
+
+def build(mod: ir.Module, p: Plan, ops: tuple[EpilogueOp, ...], threads: int) -> ir.Function:
+    """Emit the phases and return `tf_main(ptr args)`; args are `[X, Wp, *epilogue, (workspace), Y]`."""
+    from stages.codegen.parallel import emit_main
+
+    n_epi = len(epilogue.operands(ops))
+    conv = _Conv(p, ops, n_epi).emit(mod)
+    phases = [emit_main(mod, conv, p.g.n * _outer(p), threads, name="tf_conv")]
+    if not p.flat:
+        pack = _emit_pack(mod, p, ws_slot=2 + n_epi)
+        phases.insert(0, emit_main(mod, pack, p.g.n * p.g.c, threads, name="tf_pack"))
+    main = ir.Function(mod, ir.FunctionType(ir.VoidType(), [VOIDP]), name="tf_main")
+    b = ir.IRBuilder(main.append_basic_block("entry"))
+    for phase in phases:
+        phase.linkage = "internal"
+        b.call(phase, [main.args[0]])
+    b.ret_void()
+    return main
+
+
+def _outer(p: Plan) -> int:
+    """Parallel items per image: blocks of `ocn` channel tiles, or row tiles."""
+    if p.par == "oc":
+        return -(-p.tiles // p.ocn)
+    return -(-p.out_h // p.rh)
+
+
+def _args(b: ir.IRBuilder, fn: ir.Function, count: int) -> list[ir.Value]:
+    argv = b.bitcast(fn.args[0], F32P.as_pointer())
+    return [b.load(b.gep(argv, [i64(i)])) for i in range(count)]
+
+
+def _range_fn(mod: ir.Module, name: str) -> tuple[ir.Function, ir.IRBuilder]:
+    fn = ir.Function(mod, ir.FunctionType(ir.VoidType(), [VOIDP, I64, I64]), name=name)
+    fn.linkage = "internal"
+    return fn, ir.IRBuilder(fn.append_basic_block("entry"))
+
+
+def _emit_pack(mod: ir.Module, p: Plan, ws_slot: int) -> ir.Function:
+    """Planes [begin, end) of X → zero-padded, stride-phase-split planes of the workspace."""
+    g = p.g
+    fn, b = _range_fn(mod, "tf_pack_range")
+    x, ws = (b.load(b.gep(b.bitcast(fn.args[0], F32P.as_pointer()), [i64(i)])) for i in (0, ws_slot))
+    zero = ir.Constant(F32, 0.0)
+
+    def zero_fill(base: ir.Value, lo: ir.Value, hi: ir.Value, name: str) -> None:
+        with for_range(b, lo, hi, name=name) as q:
+            b.store(zero, gep(b, base, q))
+
+    with for_range(b, fn.args[1], fn.args[2], name="plane") as pl:
+        src = gep(b, x, mul(b, pl, i64(g.h * g.w)))
+        dst = gep(b, ws, mul(b, pl, i64(p.plane)))
+        zero_fill(dst, i64(0), i64(g.pt * p.row_stride), "ztop")
+        zero_fill(dst, i64((g.pt + g.h) * p.row_stride), i64(p.plane), "zbot")
+        with for_range(b, i64(0), i64(g.h), name="row") as r:
+            srow = gep(b, src, mul(b, r, i64(g.w)))
+            drow = gep(b, dst, mul(b, add(b, r, i64(g.pt)), i64(p.row_stride)))
+            for ph in range(g.sw):
+                lo = min(p.wq, max(0, -(-(g.pl - ph) // g.sw)))
+                hi = max(lo, min(p.wq, -(-(g.w + g.pl - ph) // g.sw)))
+                dph = gep(b, drow, i64(ph * p.wq))
+                zero_fill(dph, i64(0), i64(lo), "zl")
+                with for_range(b, i64(lo), i64(hi), name="cp") as q:
+                    col = add(b, mul(b, q, i64(g.sw)), i64(ph - g.pl))
+                    b.store(b.load(gep(b, srow, col)), gep(b, dph, q))
+                zero_fill(dph, i64(hi), i64(p.wq), "zr")
+    b.ret_void()
+    return fn
+
+
+class _Conv:
+    def __init__(self, p: Plan, ops: tuple[EpilogueOp, ...], n_epi: int):
+        self.p, self.ops, self.n_epi = p, ops, n_epi
+        self.slots = epilogue.operands(ops)
+        self.tile_w = p.nw * p.vw
+        self.w_tiles = -(-p.out_w // self.tile_w)
+        self.h_tiles = -(-p.out_h // p.rh)
+        self._micro: ir.Function | None = None
+
+    def emit(self, mod: ir.Module) -> ir.Function:
+        p = self.p
+        fn, b = _range_fn(mod, "tf_conv_range")
+        ptrs = _args(b, fn, 3 + self.n_epi + (0 if p.flat else 1))
+        x = ptrs[0] if p.flat else ptrs[-2]
+        self.b, self.x, self.w, self.epi, self.y = b, x, ptrs[1], ptrs[2:2 + self.n_epi], ptrs[-1]
+        outer = _outer(p)
+        with for_range(b, fn.args[1], fn.args[2], name="item") as item:
+            n = b.udiv(item, i64(outer))
+            o = b.urem(item, i64(outer))
+            if p.par == "oc":
+                with for_range(b, i64(0), i64(p.ic_blocks), name="icb") as kb:
+                    with for_range(b, i64(0), i64(self.h_tiles), name="ht") as ht:
+                        self._w_loop(n, o, kb, ht)
+            else:
+                with for_range(b, i64(0), i64(-(-p.tiles // p.ocn)), name="ob") as ob:
+                    with for_range(b, i64(0), i64(p.ic_blocks), name="icb") as kb:
+                        self._w_loop(n, ob, kb, o)
+        b.ret_void()
+        return fn
+
+    def _w_loop(self, n: ir.Value, ob: ir.Value, kb: ir.Value, ht: ir.Value) -> None:
+        p, b = self.p, self.b
+        t0 = mul(b, ob, i64(p.ocn))
+        t1 = smin(b, add(b, t0, i64(p.ocn)), i64(p.tiles))
+        with for_range(b, i64(0), i64(self.w_tiles), name="wt") as wt:
+            with for_range(b, t0, t1, name="t") as t:
+                self._dispatch(n, t, kb, ht, wt)
+
+    def _edge(self, idx: ir.Value, count: int, full: int, extent: int) -> ir.Value:
+        """How much of a tile along one axis is inside the output (`full`, or the tail on the last tile)."""
+        tail = extent - (count - 1) * full
+        if tail == full:
+            return i64(full)
+        return self.b.select(self.b.icmp_signed("==", idx, i64(count - 1)), i64(tail), i64(full))
+
+    def _dispatch(self, n: ir.Value, t: ir.Value, kb: ir.Value, ht: ir.Value, wt: ir.Value) -> None:
+        p, g, b = self.p, self.p.g, self.b
+        vrows = self._edge(t, p.tiles, p.mr, g.oc)
+        vh = self._edge(ht, self.h_tiles, p.rh, p.out_h)
+        vcols = self._edge(wt, self.w_tiles, self.tile_w, p.out_w)
+        oc0 = mul(b, t, i64(p.mr))
+        grp = b.udiv(oc0, i64(g.ocg)) if g.groups > 1 else i64(0)
+        ch = add(b, mul(b, n, i64(g.c)), add(b, mul(b, grp, i64(g.icg)), mul(b, kb, i64(p.icb))))
+        oh0 = mul(b, ht, i64(p.rh))
+        ow0 = mul(b, wt, i64(self.tile_w))
+        xoff = add(b, mul(b, ch, i64(p.plane)), add(b, mul(b, oh0, i64(g.sh * p.row_stride)), ow0))
+        kb_off = mul(b, kb, i64(p.icb * g.kh * g.kw * p.mr))
+        woff = add(b, mul(b, t, i64(p.panel)), kb_off)
+        yoff = add(b, mul(b, add(b, mul(b, n, i64(g.oc)), oc0), i64(p.out_h * p.out_w)),
+                   add(b, mul(b, oh0, i64(p.out_w)), ow0))
+        nc = smin(b, i64(p.icb), b.sub(i64(g.icg), mul(b, kb, i64(p.icb))))
+        first = b.icmp_signed("==", kb, i64(0))
+        last = b.icmp_signed("==", kb, i64(p.ic_blocks - 1))
+        epi = [gep(b, ptr, yoff if not s.per_channel else oc0) for ptr, s in zip(self.epi, self.slots, strict=True)]
+        if self._micro is None:
+            self._micro = _Micro(self.p, self.ops, self.slots).emit(b.module)
+        b.call(self._micro, [gep(b, self.x, xoff), gep(b, self.w, woff), gep(b, self.y, yoff), nc, first, last,
+                             vrows, vh, vcols, *epi])
+
+
+class _Micro:
+    """Y[tile] (+)= the tile's reduction over one input-channel block, then the epilogue on the last block.
+
+    One function serves every tile: how many channels, rows and columns of the tile lie inside the
+    output arrive as arguments and become store masks (edge tiles compute on zero weights or
+    masked-off lanes and never write outside Y).
+    """
+
+    def __init__(self, p: Plan, ops, slots):
+        self.p, self.ops, self.slots = p, ops, slots
+        self.cells = [(m, r, j) for m in range(p.mr) for r in range(p.rh) for j in range(p.nw)]
+
+    def emit(self, mod: ir.Module) -> ir.Function:
+        p = self.p
+        n_epi = len(self.slots)
+        fnty = ir.FunctionType(ir.VoidType(), [F32P, F32P, F32P, I64, I1, I1, I64, I64, I64] + [F32P] * n_epi)
+        fn = ir.Function(mod, fnty, name="tf_micro")
+        fn.linkage = "internal"
+        for arg in fn.args[:3]:
+            arg.add_attribute("noalias")
+        x, w, y, nc, first, last, vrows, vh, vcols, *epi = fn.args
+        b = self.b = ir.IRBuilder(fn.append_basic_block("entry"))
+        self._masks(vrows, vh, vcols)
+        vty = vec(p.vw)
+        zero = ir.Constant(vty, [0.0] * p.vw)
+        self.acc = {c: b.alloca(vty) for c in self.cells}
+        for c in self.cells:
+            if p.ic_blocks == 1:
+                b.store(zero, self.acc[c])
+            else:
+                old = load_vec(b, gep(b, y, self._yoff(*c)), p.vw, self.ymask[c])
+                b.store(b.select(first, zero, old), self.acc[c])
+        self._reduce(x, w, nc, vrows)
+        if p.ic_blocks == 1:
+            self._store(y, epi, vrows, True)
+        else:
+            with b.if_else(last) as (fin, part):
+                with fin:
+                    self._store(y, epi, vrows, True)
+                with part:
+                    self._store(y, epi, vrows, False)
+        b.ret_void()
+        return fn
+
+    def _masks(self, vrows: ir.Value, vh: ir.Value, vcols: ir.Value) -> None:
+        """Column masks of the tile's vectors, and per-cell store masks (channel and row edges too)."""
+        p, b = self.p, self.b
+        mty = ir.VectorType(I32, p.vw)
+        one = b.insert_element(ir.Constant(mty, ir.Undefined), b.trunc(vcols, I32), ir.Constant(I32, 0))
+        cols = b.shuffle_vector(one, ir.Constant(mty, ir.Undefined), ir.Constant(mty, [0] * p.vw))
+        self.cmask = [b.icmp_unsigned("<", ir.Constant(mty, [j * p.vw + i for i in range(p.vw)]), cols)
+                      for j in range(p.nw)]
+        none = ir.Constant(ir.VectorType(I1, p.vw), [0] * p.vw)
+        self.ymask = {}
+        for m, r, j in self.cells:
+            ok = b.and_(b.icmp_signed("<", i64(m), vrows), b.icmp_signed("<", i64(r), vh))
+            self.ymask[m, r, j] = b.select(ok, self.cmask[j], none)
+
+    def _yoff(self, m: int, r: int, j: int) -> ir.Value:
+        p = self.p
+        return i64(m * p.out_h * p.out_w + r * p.out_w + j * p.vw)
+
+    def _store(self, y: ir.Value, epi: list[ir.Value], vrows: ir.Value, final: bool) -> None:
+        p, b = self.p, self.b
+        for (m, r, j), slot in self.acc.items():
+            v = b.load(slot)
+            off = self._yoff(m, r, j)
+            mask = self.ymask[m, r, j]
+            if final and self.ops:
+                row = smin(b, i64(m), b.sub(vrows, i64(1)))
+
+                def load(k: int, off=off, mask=mask, row=row) -> ir.Value:
+                    if self.slots[k].per_channel:
+                        return splat(b, b.load(gep(b, epi[k], row)), p.vw)
+                    return load_vec(b, gep(b, epi[k], off), p.vw, mask)
+                v = epilogue.emit(b, self.ops, v, load)
+            store_vec(b, v, gep(b, y, off), mask)
+
+    def _reduce(self, x: ir.Value, w: ir.Value, nc: ir.Value, vrows: ir.Value) -> None:
+        p, g, b = self.p, self.p.g, self.b
+        if p.shared:
+            self.sets = [i64(0)]
+        else:
+            last_set = b.udiv(b.sub(vrows, i64(1)), i64(g.ocg))
+            self.sets = [mul(b, smin(b, i64(s), last_set), i64(g.icg * p.plane))
+                         for s in range(-(-p.mr // g.ocg))]
+
+        def channels(body) -> None:
+            main_end = b.mul(b.udiv(nc, i64(p.uk)), i64(p.uk))
+            with for_range(b, i64(0), main_end, step=p.uk, name="c") as c0:
+                for u in range(p.uk):
+                    body(add(b, c0, i64(u)))
+            if p.uk > 1:
+                with for_range(b, main_end, nc, name="cr") as cr:
+                    body(cr)
+
+        def columns(body, kh: ir.Value) -> None:
+            if p.unroll >= 1:
+                for kw in range(g.kw):
+                    body(kh, i64(kw))
+            else:
+                with for_range(b, i64(0), i64(g.kw), name="kw") as kw:
+                    body(kh, kw)
+
+        def window(body) -> None:
+            if p.unroll == 2:
+                for kh in range(g.kh):
+                    columns(body, i64(kh))
+            else:
+                with for_range(b, i64(0), i64(g.kh), name="kh") as kh:
+                    columns(body, kh)
+
+        if p.order == "chw":
+            channels(lambda c: window(lambda kh, kw: self._step(x, w, c, kh, kw)))
+        else:
+            window(lambda kh, kw: channels(lambda c: self._step(x, w, c, kh, kw)))
+
+    def _step(self, x: ir.Value, w: ir.Value, c: ir.Value, kh: ir.Value, kw: ir.Value) -> None:
+        """One (channel, tap): broadcast `mr` weights, load the input vectors, FMA into the tile."""
+        p, g, b = self.p, self.p.g, self.b
+        kwd = mul(b, kw, i64(g.dw))
+        if g.sw == 1:
+            col = kwd
+        else:
+            col = add(b, mul(b, b.urem(kwd, i64(g.sw)), i64(p.wq)), b.udiv(kwd, i64(g.sw)))
+        xoff = add(b, add(b, mul(b, c, i64(p.plane)), mul(b, kh, i64(g.dh * p.row_stride))), col)
+        tap = add(b, mul(b, kh, i64(g.kw)), kw)
+        if p.order == "chw":
+            woff = mul(b, add(b, mul(b, c, i64(g.kh * g.kw)), tap), i64(p.mr))
+        else:
+            woff = mul(b, add(b, mul(b, tap, i64(p.icb)), c), i64(p.mr))
+        xv = {}
+        for s, set_off in enumerate(self.sets):
+            for r in range(p.rh):
+                for j in range(p.nw):
+                    off = add(b, add(b, xoff, set_off), i64(r * g.sh * p.row_stride + j * p.vw))
+                    xv[s, r, j] = load_vec(b, gep(b, x, off), p.vw, self.cmask[j])
+        for m in range(p.mr):
+            wv = splat(b, b.load(gep(b, w, add(b, woff, i64(m)))), p.vw)
+            s = 0 if p.shared else m // g.ocg
+            for r in range(p.rh):
+                for j in range(p.nw):
+                    cell = self.acc[m, r, j]
+                    b.store(fma(b, wv, xv[s, r, j], b.load(cell)), cell)
