@@ -178,3 +178,26 @@ def test_every_importable_backend_case_infers_its_shapes_and_matches_expected_ou
         got = reference.run(g, case.inputs)
         for k, v in case.outputs.items():
             np.testing.assert_allclose(got[k], v, rtol=1e-3, atol=1e-4, err_msg=case.id)
+
+
+@pytest.mark.parametrize("opset", [9, 13])
+def test_slice_with_negative_steps_and_pad_modes_match_onnxruntime(tmp_path, opset):
+    i64 = np.int64
+    if opset < 10:
+        nodes = [helper.make_node("Slice", ["x"], ["s"], starts=[1, -4], ends=[100, -1], axes=[1, 2])]
+        inits = []
+    else:
+        inits = [numpy_helper.from_array(np.array(v, i64), n) for n, v in
+                 (("st", [-1, 1, 7]), ("en", [-100, 100, 1]), ("ax", [2, 1, 3]), ("sp", [-2, 1, -3]))]
+        nodes = [helper.make_node("Slice", ["x", "st", "en", "ax", "sp"], ["s"])]
+    if opset < 11:
+        nodes.append(helper.make_node("Pad", ["s"], ["y"], mode="reflect", pads=[0, 0, 1, 1, 0, 0, 1, 1]))
+    else:
+        inits.append(numpy_helper.from_array(np.array([0, 0, 1, 2, 0, -1, 1, 0], i64), "pads"))
+        nodes.append(helper.make_node("Pad", ["s", "pads"], ["y"], mode="edge"))
+    path = save(tmp_path, nodes, [vi("x", [2, 5, 6, 8])], [vi("y", None)], inits, opset=opset)
+    g = load_model(path)
+    x = np.random.default_rng(5).standard_normal((2, 5, 6, 8)).astype(np.float32)
+    expected = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
+    assert g.outputs[0].shape == expected.shape
+    np.testing.assert_array_equal(reference.run(g, {"x": x})["y"], expected)

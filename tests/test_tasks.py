@@ -67,3 +67,16 @@ def test_models_script_is_seeded_and_reproduces_the_committed_files(tmp_path):
     for name in ("cnn", "mlp", "transformer"):
         assert (tmp_path / f"{name}.onnx").read_bytes() == (MODELS / f"{name}.onnx").read_bytes(), name
     assert sum((MODELS / f"{n}.onnx").stat().st_size for n in ("cnn", "mlp", "transformer")) < 5 * 2**20
+
+
+def test_tasks_command_lists_every_unsupported_op_and_exits_2(tmp_path):
+    import onnx
+    from onnx import TensorProto, helper
+
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [2])
+    nodes = [helper.make_node("Exp", ["x"], ["a"], name="e1"), helper.make_node("Abs", ["a"], ["y"], name="a1")]
+    model = helper.make_model(helper.make_graph(nodes, "g", [x], [helper.make_tensor_value_info("y", 1, [2])]))
+    onnx.save(model, str(tmp_path / "bad.onnx"))
+    r = tunaflow("tasks", str(tmp_path / "bad.onnx"))
+    assert r.returncode == 2 and "2 unsupported operator type(s)" in r.stderr
+    assert "Abs: a1" in r.stderr and "Exp: e1" in r.stderr

@@ -89,8 +89,10 @@ def load_model(model: str | Path | onnx.ModelProto, input_shapes: dict[str, tupl
     used = {i for node in proto.graph.node for i in node.input} | {o.name for o in proto.graph.output}
     nodes: list[Node] = []
     alias: dict[str, str] = {}
+    seen: set[str] = set()
     for index, onode in enumerate(proto.graph.node):
-        node_name = onode.name or f"{onode.op_type}_{index}"
+        node_name = onode.name if onode.name and onode.name not in seen else f"{onode.name or onode.op_type}_{index}"
+        seen.add(node_name)
         ins = [alias.get(i, i) for i in onode.input]
         missing = [i for i in ins if i and i not in ctx.shapes]
         if missing:

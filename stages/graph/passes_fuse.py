@@ -4,7 +4,7 @@ Each anchor gets a `TuningTask` whose inputs are `[X, W, *epilogue tensors]` (th
 stages/templates/epilogue.py) and absorbs the element-wise chain that follows it while each link
 has the anchor's result as its only reader: Relu, Clip, LeakyRelu, Sigmoid, Tanh, Gelu, an Add /
 Sub of a per-channel (or scalar) constant (bias), a Mul / Div by one (scale_shift), and an Add
-of a run-time tensor of the output's shape (residual_add). The fused node takes the place of the
+of a tensor of the output's shape (residual_add; run-time or constant). The fused node takes the place of the
 last node it absorbed, so every tensor it reads is computed before it.
 
 Weights are re-laid once here: dense takes W as (N, K) (Y = X @ W^T), with Gemm's alpha and
@@ -171,9 +171,8 @@ def _absorb(g: Graph, a: _Anchor, users: dict[str, list[Node]], taken: set[int])
 def _step(g: Graph, a: _Anchor, c: Node) -> bool:
     """Absorb element-wise node `c` (reading the anchor's current result) into the epilogue, if it fits."""
     if c.op in UNARY_EPILOGUE or (c.op == "Gelu" and c.attrs.get("approximate", "none") == "none"):
-        kind = UNARY_EPILOGUE.get(c.op, "gelu")
-        a.ops.append(EpilogueOp(kind=kind, attrs={k: float(v) for k, v in c.attrs.items() if k in ("min", "max",
-                                                                                                    "alpha")}))
+        attrs = {k: float(v) for k, v in c.attrs.items() if k in ("min", "max", "alpha")}
+        a.ops.append(EpilogueOp(kind=UNARY_EPILOGUE.get(c.op, "gelu"), attrs=attrs))
         return True
     if c.op not in ("Add", "Sub", "Mul", "Div") or len(c.inputs) != 2 or c.inputs[0] == c.inputs[1]:
         return False
@@ -182,20 +181,22 @@ def _step(g: Graph, a: _Anchor, c: Node) -> bool:
         return False
     other = c.inputs[1] if c.inputs[0] == a.out else c.inputs[0]
     first = c.inputs[0] == a.out
+    vec = None
     if other in g.constants:
         vec = _per_channel(g.constants[other].astype(np.float64), cur_shape, a.channel_axis)
-        if vec is None or (c.op in ("Sub", "Div") and not first) or (c.op == "Div" and not np.all(vec)):
+    if vec is None:
+        if c.op != "Add" or g.values[other].shape != cur_shape:
             return False
-        if c.op in ("Add", "Sub"):
-            a.ops.append(EpilogueOp(kind="bias"))
-            a.tensors.append(g.add_constant(f"{c.name}.bias", vec if c.op == "Add" else -vec))
-        else:
-            a.ops.append(EpilogueOp(kind="scale_shift"))
-            scale = vec if c.op == "Mul" else 1 / vec
-            a.tensors += [g.add_constant(f"{c.name}.scale", scale), g.add_constant(f"{c.name}.shift", 0 * scale)]
-        return True
-    if c.op == "Add" and g.values[other].shape == cur_shape:
         a.ops.append(EpilogueOp(kind="residual_add"))
         a.tensors.append(other)
         return True
-    return False
+    if (c.op in ("Sub", "Div") and not first) or (c.op == "Div" and not np.all(vec)):
+        return False
+    if c.op in ("Add", "Sub"):
+        a.ops.append(EpilogueOp(kind="bias"))
+        a.tensors.append(g.add_constant(f"{c.name}.bias", vec if c.op == "Add" else -vec))
+    else:
+        a.ops.append(EpilogueOp(kind="scale_shift"))
+        scale = vec if c.op == "Mul" else 1 / vec
+        a.tensors += [g.add_constant(f"{c.name}.scale", scale), g.add_constant(f"{c.name}.shift", 0 * scale)]
+    return True
