@@ -10,7 +10,7 @@ from stages.templates.space import ConfigSpace
 class GridTuner:
     name = "grid"
 
-    def __init__(self, space: ConfigSpace, seed: int = 0, exclude: set[int] | None = None):
+    def __init__(self, space: ConfigSpace, seed: int = 0, exclude: set[int] | frozenset[int] | None = None):
         self.space = space
         self.exclude = exclude or set()
         self.cursor = 0

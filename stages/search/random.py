@@ -11,9 +11,9 @@ from stages.templates.space import ConfigSpace
 class RandomTuner:
     name = "random"
 
-    def __init__(self, space: ConfigSpace, seed: int = 0, exclude: set[int] | None = None):
+    def __init__(self, space: ConfigSpace, seed: int = 0, exclude: set[int] | frozenset[int] | None = None):
         self.space = space
-        self.sampler = ValidSampler(space, seed, exclude or set())
+        self.sampler = ValidSampler(space, seed, set(exclude or ()))
 
     def has_next(self) -> bool:
         return self.sampler.has_next()

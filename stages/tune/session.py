@@ -17,11 +17,13 @@ from schemas.options import TuningOptions
 from schemas.record import TuningRecord
 from schemas.target import Target
 from schemas.task import TuningTask
+from stages.cost_model.transfer import load_transfer
 from stages.log import TuningLog
 from stages.measure.artifact import BuildResult
 from stages.measure.builder import Builder
 from stages.measure.runner import LocalRunner
 from stages.search import make_tuner
+from stages.search.base import TunerContext
 from stages.templates import template_for
 from tunaflow import __version__
 
@@ -65,13 +67,22 @@ class TuningSession:
         self.session_id = uuid.uuid4().hex[:12]
         self.template = template_for(task)
         self.space = self.template.space(task, target)
+        transfer = load_transfer(options.transfer_from, task, target.key, options.measure.threads)
         previous = log.for_task(task.signature, target.key, options.measure.threads)
+        known = {r.config.index for r in previous}
+        copied = [r for r in _first_per_config(transfer.exact) if r.config.index not in known]
+        log.append(copied)
+        previous += copied
         self.start_trials = len(previous)
         self.trials = len(previous)
         self.best: TuningRecord | None = min((r for r in previous if r.result.ok),
                                              key=lambda r: r.result.median, default=None)
         self._since_best = 0
-        self.tuner = make_tuner(options.tuner, self.space, options.seed, {r.config.index for r in previous})
+        self.tuner = make_tuner(options.tuner, TunerContext(
+            space=self.space, task=task, target=target, seed=options.seed,
+            exclude=frozenset(r.config.index for r in previous), threads=options.measure.threads,
+            history=tuple((r.config, r.result) for r in previous), transfer=transfer.related,
+            epsilon=options.epsilon))
         self._started = time.monotonic()
         self.errors: dict[str, int] = {}
 
@@ -123,6 +134,14 @@ class TuningSession:
     def summary(self) -> SessionSummary:
         return SessionSummary(self.task, self.target.key, self.trials, self.trials - self.start_trials,
                               time.monotonic() - self._started, self.best, dict(self.errors))
+
+
+def _first_per_config(records: tuple[TuningRecord, ...]) -> list[TuningRecord]:
+    """One record per config (another log may hold re-measurements)."""
+    out: dict[int, TuningRecord] = {}
+    for r in records:
+        out.setdefault(r.config.index, r)
+    return list(out.values())
 
 
 def measure(builder: Builder, runner: LocalRunner, task: TuningTask, configs: list[Config],

@@ -29,7 +29,11 @@ def tune_op(
     trials: Annotated[int, typer.Option(help="trial budget of this task in the log; a rerun resumes up to it")] = 64,
     log: Annotated[Path, typer.Option(help="tuning log directory (created if missing)")] = Path("tuning-log"),
     early_stopping: Annotated[int | None, typer.Option(help="stop after this many trials without a new best")] = None,
-    tuner: Annotated[str, typer.Option(help="search policy: random or grid")] = "random",
+    tuner: Annotated[str, typer.Option(help="search policy: lgbm (cost model, default), lgbm-rank, ga, random, grid")]
+    = "lgbm",
+    transfer_from: Annotated[list[Path] | None, typer.Option(
+        "--transfer-from", help="a log whose records of the same op seed the cost model (repeatable); "
+        "its records of this very task resume the session")] = None,
     threads: Annotated[int, typer.Option(help="threads each kernel runs with")] = 1,
     seed: Annotated[int, typer.Option(help="seed of the search")] = 0,
     batch_size: Annotated[int, typer.Option(help="candidates built and measured per round")] = 16,
@@ -38,6 +42,9 @@ def tune_op(
     prefect: Annotated[bool, typer.Option("--prefect/--no-prefect",
                                           help="run as a Prefect flow (visible in the UI) or call the stages directly")]
     = True,
+    task_runner: Annotated[str, typer.Option(help="Prefect task runner: local, dask (a local Dask cluster) or "
+                                                  "dask://HOST:PORT; with Dask each build is its own task run")]
+    = "local",
 ) -> None:
     """Tune one operator on this machine and log every trial.
 
@@ -60,11 +67,17 @@ def tune_op(
     try:
         task = template.task_from_cli(given)
         tgt = Target.parse(target)
+        missing = [str(p) for p in transfer_from or [] if not p.is_dir()]
+        if missing:
+            raise ValueError(f"--transfer-from: no tuning log at {', '.join(missing)}")
         options = TuningOptions(n_trials=trials, early_stopping=early_stopping, tuner=tuner, seed=seed,
+                                transfer_from=tuple(str(p) for p in transfer_from or []),
                                 batch_size=batch_size, measure=MeasureOptions(threads=threads))
     except (ValidationError, TargetError, ValueError) as exc:
         raise fail(str(exc)) from exc
-    result = tune(task, tgt, options, log, prefect, show_progress=not json_out)
+    if task_runner != "local" and not prefect:
+        raise fail("--task-runner needs the Prefect flow; drop --no-prefect")
+    result = tune(task, tgt, options, log, prefect, show_progress=not json_out, task_runner=task_runner)
     if json_out:
         print(json.dumps(result))
     else:
@@ -77,7 +90,7 @@ def _ops() -> list[str]:
     return sorted(TEMPLATES)
 
 
-def tune(task, target, options, log: Path, prefect: bool, show_progress: bool) -> dict:
+def tune(task, target, options, log: Path, prefect: bool, show_progress: bool, task_runner: str = "local") -> dict:
     from stages.log import LogError, TuningLog
     from stages.measure.numpy_ref import numpy_gflops
     from stages.report.progress import TerminalProgress
@@ -90,10 +103,17 @@ def tune(task, target, options, log: Path, prefect: bool, show_progress: bool) -
         raise fail(str(exc)) from exc
     if prefect:
         prefect_env()
+        from flows.runners import is_distributed, make_task_runner
         from flows.tune_op import tune_op as flow
 
+        try:
+            runner = make_task_runner(task_runner)
+        except ValueError as exc:
+            raise fail(str(exc)) from exc
+        if runner is not None:
+            flow = flow.with_options(task_runner=runner)
         return flow(task, target.to_string() if target.name != "host" else "host", options, str(log),
-                    progress=show_progress)
+                    progress=show_progress, distributed_builds=is_distributed(task_runner))
     observers = []
     with TerminalProgress(task.description, options.n_trials, every=options.batch_size) as bar:
         if show_progress:

@@ -1,0 +1,1 @@
+"""Task scheduling: how a global trial budget is spread over the tasks of a model."""

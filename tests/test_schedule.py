@@ -1,0 +1,71 @@
+"""Task scheduler: round-robin order, Ansor-style gradient allocation, the global budget."""
+
+import math
+
+import pytest
+
+from stages.schedule.driver import allocate, weighted_latency
+from stages.schedule.scheduler import GradientScheduler, RoundRobin, TaskState
+
+
+def curve_step(start: float, floor: float, rate: float, limit: int = 10_000):
+    """A task whose best latency decays from `start` towards `floor` as it gets trials."""
+    done = [0]
+
+    def step(n: int):
+        n = min(n, limit - done[0])
+        done[0] += n
+        return n, floor + (start - floor) * math.exp(-rate * done[0])
+
+    return step
+
+
+def test_round_robin_cycles_and_skips_exhausted_tasks():
+    rr = RoundRobin()
+    states = [TaskState(1), TaskState(1), TaskState(1)]
+    assert [rr.pick(states) for _ in range(4)] == [0, 1, 2, 0]
+    states[1].exhausted = True
+    assert [rr.pick(states) for _ in range(3)] == [2, 0, 2]
+
+
+def test_gradient_warms_up_every_task_then_follows_weighted_gradient():
+    g = GradientScheduler(epsilon=0.0)
+    states = [TaskState(1), TaskState(5)]
+    assert g.pick(states) == 0
+    states[0].record(16, 1.0)
+    assert g.pick(states) == 1
+    states[1].record(16, 1.0)
+    assert g.pick(states) == 1  # same progress, five times the weight
+    states[1].weight = 0.01
+    assert g.pick(states) == 0
+
+
+def test_gradient_prefers_the_task_still_improving():
+    g = GradientScheduler(epsilon=0.0, window=2)
+    flat, improving = TaskState(1), TaskState(1)
+    for t in range(1, 6):
+        flat.record(16, 0.2)
+        improving.record(16, 1.0 / t)
+    assert g.gradient(improving) < g.gradient(flat) < 0
+    assert g.pick([flat, improving]) == 1
+
+
+def test_allocate_spends_exactly_the_budget_and_stops_on_exhaustion():
+    steps = [curve_step(1.0, 0.5, 0.1), curve_step(1.0, 0.5, 0.1)]
+    states, curve = allocate(RoundRobin(), steps, [1, 1], budget=50, batch_size=16)
+    assert sum(s.trials for s in states) == 50 == curve[-1][0]
+    assert [s.trials for s in states] == [32, 18]
+    states, _ = allocate(RoundRobin(), [curve_step(1, 0.5, 0.1, limit=20)] * 1, [1], budget=100)
+    assert states[0].trials == 20 and states[0].exhausted
+    assert weighted_latency(states) == pytest.approx(states[0].best)
+
+
+def test_gradient_allocation_beats_round_robin_on_unequal_tasks():
+    def tasks():
+        return [curve_step(1.0, 0.9, 0.05), curve_step(10.0, 1.0, 0.02), curve_step(1.0, 0.95, 0.2)]
+
+    weights = [1, 4, 1]
+    rr, _ = allocate(RoundRobin(), tasks(), weights, budget=192)
+    gr, _ = allocate(GradientScheduler(seed=0), tasks(), weights, budget=192)
+    assert weighted_latency(gr) < weighted_latency(rr)
+    assert gr[1].trials > rr[1].trials
