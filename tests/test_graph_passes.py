@@ -147,3 +147,14 @@ def test_dead_nodes_and_constants_are_removed_and_the_input_graph_is_untouched(t
     opt = optimize(g)
     assert [n.op for n in opt.nodes] == ["Relu"] and opt.constants == {} and "unused" not in opt.values
     assert [n.op for n in g.nodes] == ["Sigmoid", "Add", "Relu"] and "c1" in g.constants
+
+
+def test_two_gemms_sharing_a_run_time_transposed_operand_get_their_own_transposes(tmp_path):
+    nodes = [helper.make_node("Relu", ["x"], ["r"]),
+             helper.make_node("Gemm", ["x", "r"], ["a"], transB=1),
+             helper.make_node("Gemm", ["r", "r"], ["b"], transB=1),
+             helper.make_node("Add", ["a", "b"], ["y"])]
+    g = check(build(tmp_path, nodes, (4, 4), []), (4, 4))
+    transposes = [n for n in g.nodes if n.op == "Transpose"]
+    assert len(transposes) == 2 and len({n.outputs[0] for n in transposes}) == 2
+    assert epilogues(g) == [("matmul", []), ("matmul", ["residual_add"])]

@@ -91,7 +91,7 @@ def test_run_time_input_to_a_fold_only_op_is_a_clear_error(tmp_path):
         load_model(path)
 
 
-@pytest.mark.parametrize("opset", [9, 11, 13, 18])
+@pytest.mark.parametrize("opset", [9, 11, 13, 18, 21])
 def test_opset_specific_forms_normalise_to_the_same_graph(tmp_path, opset):
     """Clip bounds, Split sizes, ReduceMean axes and Softmax's axis moved between attributes and inputs."""
     i64 = np.int64

@@ -70,9 +70,9 @@ def _transposed(g: Graph, name: str, anchor: Node, pre: list[Node]) -> str:
     """`name` transposed: a re-laid constant, or a Transpose node run before the anchor."""
     if name in g.constants:
         return g.add_constant(f"{name}.T", g.constants[name].T)
-    out = f"{name}/T"
+    out = f"{anchor.name}/transpose_{len(pre)}"
     g.values[out] = Value(out, g.values[name].shape[::-1])
-    pre.append(Node(f"{anchor.name}/transpose_{len(pre)}", "Transpose", [name], [out], {"perm": [1, 0]}))
+    pre.append(Node(out, "Transpose", [name], [out], {"perm": [1, 0]}))
     return out
 
 
