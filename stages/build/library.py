@@ -40,6 +40,7 @@ from stages.build.manifest import (
 )
 from stages.build.memplan import Step, aligned, plan_workspace
 from stages.build.ops import ALIASES, OPS, OpCtx, UnsupportedOp, unsupported_nodes
+from stages.build.ops_anchor import GENERIC_OPS, generic_anchor
 from stages.codegen.compile import compile_ir
 from stages.codegen.irb import VOIDP, i64
 from stages.graph.ir import Graph, Node
@@ -76,15 +77,14 @@ def build_library(graph: Graph, target: Target, out: Path, threads: int = 1, log
     missing = unsupported_nodes(graph.nodes)
     if missing:
         raise BuildError("no kernel for these op types (nodes): " + "; ".join(missing))
-    no_template = sorted({n.task.op for n in graph.nodes if n.task is not None} - set(TEMPLATES))
-    if no_template:
-        raise BuildError(f"no template for anchor op(s) {no_template}; templates exist for {sorted(TEMPLATES)}")
+    no_kernel = sorted({n.task.op for n in graph.nodes if n.task is not None} - set(TEMPLATES) - GENERIC_OPS)
+    if no_kernel:
+        raise BuildError(f"no template for anchor op(s) {no_kernel}; templates exist for {sorted(TEMPLATES)}")
     compiler = find_compiler(cc)
     tuning_log = TuningLog(log) if log is not None else None
-    choices = choose([n.task for n in graph.nodes if n.task is not None], tuning_log, target, threads)
-    message = fallback_message(choices)
-    if message and on_fallback:
-        on_fallback(message)
+    choices = choose([n.task for n in graph.nodes if n.task is not None and n.task.op in TEMPLATES], tuning_log,
+                     target, threads)
+    generic: dict[str, str] = {}
 
     outputs = {v.name for v in graph.outputs}
     for v in graph.outputs:
@@ -99,26 +99,38 @@ def build_library(graph: Graph, target: Target, out: Path, threads: int = 1, log
     infos: list[OpInfo] = []
     for idx, node in enumerate(graph.nodes):
         symbol = f"tf_op{idx}"
-        if node.task is not None:
-            choice = choices[node.task.signature]
-            slots, packed, obj = _anchor(graph, node, choice, target, threads, symbol)
+        anchor = None
+        if node.task is not None and node.task.op in TEMPLATES:
+            try:
+                anchor = _anchor(graph, node, choices[node.task.signature], target, threads, symbol)
+            except _RunTimeOperand as exc:
+                generic[node.task.description] = str(exc)
+        elif node.task is not None:
+            generic[node.task.description] = f"no template for {node.task.op}"
+        if anchor is not None:
+            slots, packed, obj = anchor
             constants.update(packed)
             objects.append(obj)
             calls.append(_Call(node, symbol, slots, anchor=True))
-            infos.append(_anchor_info(node, choice))
+            infos.append(_anchor_info(node, choices[node.task.signature]))
         elif node.op in ALIASES and node.outputs[0] not in outputs:
             root[node.outputs[0]] = root.get(node.inputs[0], node.inputs[0])
             infos.append(OpInfo(node=node.name, op=node.op, kind="alias"))
         else:
             ctx = OpCtx.open(module, graph, node, symbol)
             try:
-                OPS[node.op](ctx)
+                (generic_anchor if node.task is not None else OPS[node.op])(ctx)
             except (UnsupportedOp, ValueError) as exc:
                 raise BuildError(str(exc)) from exc
             ctx.close()
             constants.update(ctx.new_constants)
             calls.append(_Call(node, symbol, ctx.slots, anchor=False))
-            infos.append(OpInfo(node=node.name, op=node.op, kind="generated"))
+            infos.append(OpInfo(node=node.name, op=node.op, kind="generated" if node.task is None else "generic",
+                                task=node.task.description if node.task else None,
+                                task_signature=node.task.signature if node.task else None))
+    message = _fallbacks(choices, generic)
+    if message and on_fallback:
+        on_fallback(message)
 
     for c in calls:
         c.slots = [root.get(s, s) for s in c.slots]
@@ -177,8 +189,8 @@ def _anchor(graph: Graph, node: Node, choice: Choice, target: Target, threads: i
         if same:
             slots.append(same[0])
         elif np.isnan(arg).any():
-            raise BuildError(f"node {node.name!r}: template {tpl.NAME} packs an input at build time, but here that "
-                             "input is computed at run time (it is not a constant)")
+            raise _RunTimeOperand(f"template {tpl.NAME} packs an operand at build time that this graph computes "
+                                  "at run time")
         else:
             packed[f"{node.name}/arg{k}"] = np.ascontiguousarray(arg, dtype=np.float32)
             slots.append(f"{node.name}/arg{k}")
@@ -194,6 +206,22 @@ def _anchor(graph: Graph, node: Node, choice: Choice, target: Target, threads: i
         return slots, packed, compile_ir(renamed, target).data
     except ValueError as exc:
         raise BuildError(f"node {node.name!r}: {exc}") from exc
+
+
+class _RunTimeOperand(Exception):
+    """The template packs an operand that is not a constant here: the anchor takes the generic kernel."""
+
+
+def _fallbacks(choices: dict[str, Choice], generic: dict[str, str]) -> str | None:
+    """One message for every task on its default schedule and every anchor on the generic kernel."""
+    lines = []
+    message = fallback_message({s: c for s, c in choices.items() if c.task.description not in generic})
+    if message:
+        lines.append(message)
+    if generic:
+        lines.append(f"{len(generic)} anchor task(s) run the generic untuned kernel:")
+        lines += [f"  {desc}: {why}" for desc, why in generic.items()]
+    return "\n".join(lines) or None
 
 
 def _anchor_info(node: Node, choice: Choice) -> OpInfo:

@@ -1,0 +1,99 @@
+"""Loading and calling a built library: real ONNX in, onnxruntime as the judge, and every refusal."""
+
+import json
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper
+
+from schemas import Target
+from stages.build.library import build_library
+from stages.extract import load_model
+from stages.graph.passes import optimize
+from stages.runtime import LoadError, load
+
+RNG = np.random.default_rng(3)
+
+
+def small_model(path):
+    """x[2,3,8] → Transpose → LayerNorm → Add(bias) → Softmax, and a second output Concat(x, relu(x))."""
+    scale = helper.make_tensor("scale", TensorProto.FLOAT, [3], RNG.uniform(0.5, 1.5, 3).astype(np.float32))
+    bias = helper.make_tensor("bias", TensorProto.FLOAT, [3], RNG.uniform(-1, 1, 3).astype(np.float32))
+    nodes = [helper.make_node("Transpose", ["x"], ["t"], perm=[0, 2, 1]),
+             helper.make_node("LayerNormalization", ["t", "scale", "bias"], ["ln"], axis=-1),
+             helper.make_node("Add", ["ln", "bias"], ["a"]),
+             helper.make_node("Softmax", ["a"], ["y"], axis=1),
+             helper.make_node("Relu", ["x"], ["r"]),
+             helper.make_node("Concat", ["x", "r"], ["z"], axis=0)]
+    graph = helper.make_graph(nodes, "small", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 3, 8])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 8, 3]),
+                               helper.make_tensor_value_info("z", TensorProto.FLOAT, [4, 3, 8])],
+                              [scale, bias])
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), path)
+    return path
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory):
+    root = tmp_path_factory.mktemp("rt")
+    model = small_model(root / "small.onnx")
+    build_library(optimize(load_model(model)), Target.host(), root / "lib")
+    return model, root / "lib"
+
+
+def test_outputs_match_onnxruntime(built):
+    import onnxruntime as ort
+
+    model_path, lib = built
+    x = RNG.standard_normal((2, 3, 8)).astype(np.float32)
+    model = load(lib)
+    y, z = model(x)
+    ry, rz = ort.InferenceSession(str(model_path), providers=["CPUExecutionProvider"]).run(None, {"x": x})
+    np.testing.assert_allclose(y, ry, rtol=1e-3, atol=1e-5)
+    np.testing.assert_allclose(z, rz, rtol=1e-3, atol=1e-5)
+    assert set(model.run(x=x)) == {"y", "z"}
+    assert len(model.bench(5, x)) == 5
+
+
+def test_wrong_inputs_are_refused(built):
+    model = load(built[1])
+    with pytest.raises(LoadError, match=r"must have shape \[2, 3, 8\], got \[2, 3, 9\]"):
+        model(np.zeros((2, 3, 9), np.float32))
+    with pytest.raises(LoadError, match="must be float32, got float64"):
+        model(np.zeros((2, 3, 8)))
+    with pytest.raises(LoadError, match="inputs missing"):
+        model.run(w=np.zeros((2, 3, 8), np.float32))
+
+
+def test_tampered_artifact_is_refused(built, tmp_path):
+    import shutil
+
+    lib = tmp_path / "lib"
+    shutil.copytree(built[1], lib)
+    data = bytearray((lib / "weights.bin").read_bytes())
+    data[0] ^= 0xFF
+    (lib / "weights.bin").write_bytes(bytes(data))
+    with pytest.raises(LoadError, match="weights.bin does not match the manifest"):
+        load(lib)
+    (lib / "model.so").unlink()
+    with pytest.raises(LoadError, match="model.so is missing"):
+        load(lib)
+    with pytest.raises(LoadError, match="no manifest.json"):
+        load(tmp_path)
+
+
+def test_a_cpu_lacking_the_targets_features_is_refused(built, tmp_path):
+    from stages.runtime.loader import host_features
+
+    host = Target.host()
+    absent = next((f for f in ("amx-tile", "avx512fp16", "sha512", "amx-complex") if f"+{f}" not in host_features()),
+                  None)
+    if absent is None:
+        pytest.skip("this CPU has every candidate feature")
+    other = host.model_copy(update={"features": host.features.replace(f"-{absent}", "") + f",+{absent}"})
+    other = Target.model_validate(other.model_dump())
+    build_library(optimize(load_model(built[0])), other, tmp_path / "lib")
+    assert f"+{absent}" in json.loads((tmp_path / "lib" / "manifest.json").read_text())["target"]["features"]
+    with pytest.raises(LoadError, match=f"needs features this CPU lacks: {absent}"):
+        load(tmp_path / "lib")
