@@ -158,3 +158,18 @@ def test_two_gemms_sharing_a_run_time_transposed_operand_get_their_own_transpose
     transposes = [n for n in g.nodes if n.op == "Transpose"]
     assert len(transposes) == 2 and len({n.outputs[0] for n in transposes}) == 2
     assert epilogues(g) == [("matmul", []), ("matmul", ["residual_add"])]
+
+
+@pytest.mark.parametrize("square", ["pow", "mul"])
+def test_decomposed_layer_norm_becomes_one_layer_normalization(tmp_path, square):
+    sq = (helper.make_node("Pow", ["d", "two"], ["p"]) if square == "pow"
+          else helper.make_node("Mul", ["d", "d"], ["p"]))
+    nodes = [helper.make_node("ReduceMean", ["x"], ["mean"], axes=[-1]), helper.make_node("Sub", ["x", "mean"], ["d"]),
+             sq, helper.make_node("ReduceMean", ["p"], ["var"], axes=[-1]),
+             helper.make_node("Add", ["var", "eps"], ["ve"]), helper.make_node("Sqrt", ["ve"], ["std"]),
+             helper.make_node("Div", ["d", "std"], ["n"]), helper.make_node("Mul", ["n", "gamma"], ["m"]),
+             helper.make_node("Add", ["m", "beta"], ["y"])]
+    inits = [scalar("two", 2.0), scalar("eps", 1e-5), const("gamma", (16,), 0.5, 1.5), const("beta", (16,))]
+    g = check(build(tmp_path, nodes, (2, 3, 16), inits, opset=13), (2, 3, 16))
+    assert [(n.op, n.attrs) for n in g.nodes] == [("LayerNormalization", {"axis": 2, "epsilon": pytest.approx(1e-5)})]
+    assert g.nodes[0].outputs == ["y"] and len(g.nodes[0].inputs) == 3

@@ -5,9 +5,11 @@
    per-channel constants, which the fusion pass can still absorb as a scale_shift.
 2. `rewrite_gelu`: the Erf form of Gelu that exporters emit (x * 0.5 * (1 + erf(x / sqrt 2)), in
    its usual orders) becomes one Gelu node.
-3. `fuse` (passes_fuse.py): every Conv / Gemm / MatMul becomes an anchor node with a TuningTask
+3. `rewrite_layernorm` (passes_norm.py): the opset < 17 decomposition of layer normalisation
+   (ReduceMean, Sub, Pow, ReduceMean, Add, Sqrt, Div, Mul, Add) becomes one LayerNormalization.
+4. `fuse` (passes_fuse.py): every Conv / Gemm / MatMul becomes an anchor node with a TuningTask
    and absorbs the element-wise chain after it into the task's epilogue.
-4. `eliminate_dead`: nodes nobody reads, and constants nobody reads, are dropped.
+5. `eliminate_dead`: nodes nobody reads, and constants nobody reads, are dropped.
 
 Layout: activations stay NCHW between nodes; the conv2d template re-lays its weights (and blocks
 its input internally) itself, so no layout-transform nodes are needed between convolutions.
@@ -22,12 +24,13 @@ import numpy as np
 
 from stages.graph.ir import Graph, Node, Value
 from stages.graph.passes_fuse import fuse
+from stages.graph.passes_norm import rewrite_layernorm
 
 
 def optimize(graph: Graph) -> Graph:
     """A new graph with every pass applied; the input graph is left as it was."""
     g = copy.deepcopy(graph)
-    for p in (fold_batchnorm, rewrite_gelu, fuse, eliminate_dead):
+    for p in (fold_batchnorm, rewrite_gelu, rewrite_layernorm, fuse, eliminate_dead):
         p(g)
     return g
 
