@@ -2,10 +2,11 @@
 
 Each anchor gets a `TuningTask` whose inputs are `[X, W, *epilogue tensors]` (the convention of
 stages/templates/epilogue.py) and absorbs the element-wise chain that follows it while each link
-has the anchor's result as its only reader: Relu, Clip, LeakyRelu, Sigmoid, Tanh, Gelu, an Add /
-Sub of a per-channel (or scalar) constant (bias), a Mul / Div by one (scale_shift), and an Add
-of a tensor of the output's shape (residual_add; run-time or constant). The fused node takes the place of the
-last node it absorbed, so every tensor it reads is computed before it.
+has the anchor's result as its only reader: Relu, Clip, LeakyRelu, Sigmoid, Tanh, Gelu; an Add,
+two-input Sum or Sub of a per-channel (or scalar) constant (bias); a Mul or Div by one
+(scale_shift); an Add or Sum with a tensor of the output's shape (residual_add, run-time or
+constant). The fused node takes the place of the last node it absorbed, so every tensor it
+reads is computed before it.
 
 Weights are re-laid once here: dense takes W as (N, K) (Y = X @ W^T), with Gemm's alpha and
 transB and MatMul's (K, N) constant folded in; Gemm's beta is folded into its bias.
@@ -174,7 +175,7 @@ def _step(g: Graph, a: _Anchor, c: Node) -> bool:
         attrs = {k: float(v) for k, v in c.attrs.items() if k in ("min", "max", "alpha")}
         a.ops.append(EpilogueOp(kind=UNARY_EPILOGUE.get(c.op, "gelu"), attrs=attrs))
         return True
-    if c.op not in ("Add", "Sub", "Mul", "Div") or len(c.inputs) != 2 or c.inputs[0] == c.inputs[1]:
+    if c.op not in ("Add", "Sum", "Sub", "Mul", "Div") or len(c.inputs) != 2 or c.inputs[0] == c.inputs[1]:
         return False
     cur_shape = g.values[a.out].shape
     if g.values[c.outputs[0]].shape != cur_shape:
@@ -185,16 +186,16 @@ def _step(g: Graph, a: _Anchor, c: Node) -> bool:
     if other in g.constants:
         vec = _per_channel(g.constants[other].astype(np.float64), cur_shape, a.channel_axis)
     if vec is None:
-        if c.op != "Add" or g.values[other].shape != cur_shape:
+        if c.op not in ("Add", "Sum") or g.values[other].shape != cur_shape:
             return False
         a.ops.append(EpilogueOp(kind="residual_add"))
         a.tensors.append(other)
         return True
     if (c.op in ("Sub", "Div") and not first) or (c.op == "Div" and not np.all(vec)):
         return False
-    if c.op in ("Add", "Sub"):
+    if c.op in ("Add", "Sum", "Sub"):
         a.ops.append(EpilogueOp(kind="bias"))
-        a.tensors.append(g.add_constant(f"{c.name}.bias", vec if c.op == "Add" else -vec))
+        a.tensors.append(g.add_constant(f"{c.name}.bias", -vec if c.op == "Sub" else vec))
     else:
         a.ops.append(EpilogueOp(kind="scale_shift"))
         scale = vec if c.op == "Mul" else 1 / vec
