@@ -28,8 +28,9 @@ from stages.graph.passes_norm import rewrite_layernorm
 
 
 def optimize(graph: Graph) -> Graph:
-    """A new graph with every pass applied; the input graph is left as it was."""
-    g = copy.deepcopy(graph)
+    """A new graph with every pass applied; the input graph is left as it was (constant arrays are shared:
+    passes add new constants, they never write into existing ones)."""
+    g = copy.deepcopy(graph, memo={id(a): a for a in graph.constants.values()})
     for p in (fold_batchnorm, rewrite_gelu, rewrite_layernorm, fuse, eliminate_dead):
         p(g)
     return g
