@@ -80,6 +80,8 @@ class SpaceCodec:
 
     def random_valid(self, rng: np.random.Generator, n: int, exclude: set[int], tries: int = 50) -> np.ndarray:
         """Up to n distinct valid rows whose index is not in `exclude`."""
+        if n <= 0:
+            return np.zeros((0, self.width), dtype=np.int64)
         if self.pool is not None:
             free = np.array([i for i in self.pool if int(i) not in exclude], dtype=np.int64)
             pick = rng.choice(free, size=min(n, len(free)), replace=False) if len(free) else free
