@@ -231,3 +231,14 @@ def test_real_architectures_shipped_with_onnx_match_onnxruntime_after_optimisati
     sess = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
     expected = sess.run(None, {i.name: feeds[i.name] for i in sess.get_inputs() if i.name in feeds})[0]
     np.testing.assert_allclose(reference.run(g, feeds)[g.outputs[0].name], expected, rtol=1e-3, atol=1e-6)
+
+
+def test_secondary_outputs_are_fine_unless_something_reads_them(tmp_path):
+    pool = helper.make_node("MaxPool", ["x"], ["p", "idx"], kernel_shape=[2, 2], name="pool")
+    path = save(tmp_path, [pool, helper.make_node("Relu", ["p"], ["y"])], [vi("x", [1, 2, 4, 4])],
+                [vi("y", [1, 2, 3, 3])])
+    assert [n.op for n in load_model(path).nodes] == ["MaxPool", "Relu"]
+    path = save(tmp_path, [pool, helper.make_node("Relu", ["p"], ["y"])], [vi("x", [1, 2, 4, 4])],
+                [vi("y", [1, 2, 3, 3]), vi("idx", [1, 2, 3, 3], TensorProto.INT64)])
+    with pytest.raises(ModelError, match="MaxPool 'pool': the Indices output is not supported"):
+        load_model(path)

@@ -32,6 +32,7 @@ class Ctx:
     shapes: dict[str, tuple[int, ...]]
     consts: dict[str, np.ndarray]
     node: str = ""
+    used: set[str] = field(default_factory=set)
     counter: list[int] = field(default_factory=lambda: [0])
 
     def shape(self, name: str) -> tuple[int, ...]:
@@ -45,6 +46,10 @@ class Ctx:
 
     def opt_const(self, ins: list[str], i: int, what: str) -> np.ndarray | None:
         return self.const(ins[i], what) if len(ins) > i and ins[i] else None
+
+    def extra_outputs_read(self, outs: list[str]) -> bool:
+        """Whether a node's secondary outputs (MaxPool indices, training statistics) are read by anyone."""
+        return any(o in self.used for o in outs[1:] if o)
 
     def fresh(self, base: str) -> str:
         self.counter[0] += 1
@@ -118,7 +123,7 @@ def _windowed(ins, outs, raw, ctx, kernel: list[int]) -> list[Emit]:
     else:
         attrs.update(kernel_shape=list(kernel), ceil_mode=int(raw.get("ceil_mode", 0)),
                      count_include_pad=int(raw.get("count_include_pad", 0)))
-        if len(outs) > 1 and outs[1]:
+        if ctx.extra_outputs_read(outs):
             raise ModelError(f"MaxPool {ctx.node!r}: the Indices output is not supported")
     if n == 2:
         return [(ctx.op, ins, outs[:1], attrs)]
@@ -268,7 +273,7 @@ def _softmax(ins, outs, raw, ctx) -> list[Emit]:
 
 
 def _layer_norm(ins, outs, raw, ctx) -> list[Emit]:
-    if any(outs[1:]):
+    if ctx.extra_outputs_read(outs):
         raise ModelError(f"LayerNormalization {ctx.node!r}: the Mean/InvStdDev outputs are not supported")
     axis = _axis(int(raw.get("axis", -1)), len(ctx.shape(ins[0])))
     return [("LayerNormalization", ins, outs[:1], {"axis": axis, "epsilon": float(raw.get("epsilon", 1e-5))})]
@@ -284,7 +289,7 @@ def _reduce_mean(ins, outs, raw, ctx) -> list[Emit]:
 
 
 def _batch_norm(ins, outs, raw, ctx) -> list[Emit]:
-    if any(outs[1:]):
+    if ctx.extra_outputs_read(outs):
         raise ModelError(f"BatchNormalization {ctx.node!r}: training outputs are not supported")
     for name, what in zip(ins[1:], ("scale", "bias", "mean", "variance"), strict=True):
         ctx.const(name, what)

@@ -83,10 +83,10 @@ def load_model(model: str | Path | onnx.ModelProto, input_shapes: dict[str, tupl
     init_names = {t.name for t in proto.graph.initializer}
     consts = {t.name: numpy_helper.to_array(t) for t in proto.graph.initializer}
     inputs = _bind_inputs([v for v in proto.graph.input if v.name not in init_names], input_shapes or {})
-    ctx = Ctx(opset=opset, op="", shapes={v.name: v.shape for v in inputs}, consts=consts)
+    used = {i for node in proto.graph.node for i in node.input} | {o.name for o in proto.graph.output}
+    ctx = Ctx(opset=opset, op="", shapes={v.name: v.shape for v in inputs}, consts=consts, used=used)
     for n, arr in consts.items():
         ctx.shapes[n] = arr.shape
-    used = {i for node in proto.graph.node for i in node.input} | {o.name for o in proto.graph.output}
     nodes: list[Node] = []
     alias: dict[str, str] = {}
     seen: set[str] = set()
@@ -99,7 +99,7 @@ def load_model(model: str | Path | onnx.ModelProto, input_shapes: dict[str, tupl
             raise ModelError(f"{onode.op_type} {node_name!r} reads {missing}, which no earlier node produces")
         ctx.node, ctx.op = node_name, onode.op_type
         raw = {a.name: _attr(a) for a in onode.attribute}
-        _import_node(onode.op_type, node_name, ins, list(onode.output), raw, ctx, nodes, alias, used)
+        _import_node(onode.op_type, node_name, ins, list(onode.output), raw, ctx, nodes, alias)
     outputs = _outputs(proto, alias, nodes, ctx)
     live = {i for node in nodes for i in node.inputs} | {v.name for v in outputs}
     values = {v.name: v for v in inputs}
@@ -175,9 +175,9 @@ def _bind_inputs(vis: list[onnx.ValueInfoProto], bound: dict[str, tuple[int, ...
 
 
 def _import_node(op: str, name: str, ins: list[str], outs: list[str], raw: dict, ctx: Ctx, nodes: list[Node],
-                 alias: dict[str, str], used: set[str]) -> None:
+                 alias: dict[str, str]) -> None:
     if op in ALIASES:
-        if op == "Dropout" and len(outs) > 1 and outs[1] in used:
+        if op == "Dropout" and ctx.extra_outputs_read(outs):
             raise ModelError(f"Dropout {name!r}: its mask output is not supported")
         alias[outs[0]] = ins[0]
         ctx.shapes[outs[0]] = ctx.shapes[ins[0]]
