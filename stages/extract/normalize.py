@@ -85,8 +85,8 @@ def _clip(ins, outs, raw, ctx) -> list[Emit]:
         lo, hi = raw.get("min", -FLOAT_MAX), raw.get("max", FLOAT_MAX)
     else:
         lo_c, hi_c = ctx.opt_const(ins, 1, "min"), ctx.opt_const(ins, 2, "max")
-        lo = float(lo_c) if lo_c is not None else -FLOAT_MAX
-        hi = float(hi_c) if hi_c is not None else FLOAT_MAX
+        lo = float(lo_c.reshape(-1)[0]) if lo_c is not None else -FLOAT_MAX
+        hi = float(hi_c.reshape(-1)[0]) if hi_c is not None else FLOAT_MAX
     return [("Clip", ins[:1], outs[:1], {"min": float(lo), "max": float(hi)})]
 
 
@@ -248,7 +248,7 @@ def _pad(ins, outs, raw, ctx) -> list[Emit]:
     else:
         pads = [int(p) for p in ctx.const(ins[1], "pads")]
         v = ctx.opt_const(ins, 2, "constant value")
-        value = float(v) if v is not None else 0.0
+        value = float(v.reshape(-1)[0]) if v is not None else 0.0
         axes = ctx.opt_const(ins, 3, "axes")
         if axes is not None:
             full = [0] * 2 * rank
