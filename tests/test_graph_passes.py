@@ -7,6 +7,8 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from onnx import TensorProto, helper, numpy_helper
 
 from stages.extract import load_model
@@ -173,3 +175,56 @@ def test_decomposed_layer_norm_becomes_one_layer_normalization(tmp_path, square)
     g = check(build(tmp_path, nodes, (2, 3, 16), inits, opset=13), (2, 3, 16))
     assert [(n.op, n.attrs) for n in g.nodes] == [("LayerNormalization", {"axis": 2, "epsilon": pytest.approx(1e-5)})]
     assert g.nodes[0].outputs == ["y"] and len(g.nodes[0].inputs) == 3
+
+
+ANCHOR_CASES = {  # anchor node(s) from x to "a", initializers, x shape, channel axis of "a"
+    "conv": ([helper.make_node("Conv", ["x", "w"], ["a"], pads=[1, 0, 1, 0], group=2)], [("w", (6, 2, 3, 2))],
+             (1, 4, 5, 5), 1),
+    "gemm": ([helper.make_node("Gemm", ["x", "w"], ["a"], transB=1)], [("w", (6, 5))], (3, 5), 1),
+    "dense3d": ([helper.make_node("MatMul", ["x", "w"], ["a"])], [("w", (5, 6))], (1, 3, 5), 2),
+    "batch": ([helper.make_node("Transpose", ["x"], ["t"], perm=[0, 2, 1]), helper.make_node("MatMul", ["x", "t"],
+                                                                                              ["a"])], [], (2, 3, 4),
+              2),
+}
+
+
+@settings(max_examples=40, deadline=None)
+@given(anchor=st.sampled_from(sorted(ANCHOR_CASES)), chain=st.lists(st.sampled_from(
+    ["Relu", "Sigmoid", "Tanh", "Clip", "LeakyRelu", "Add/channel", "Add/scalar", "Add/full", "Sub/channel",
+     "Mul/channel", "Div/scalar", "Add/residual", "Sum/residual"]), max_size=5), swap=st.booleans())
+def test_any_element_wise_chain_after_any_anchor_fuses_whole_and_keeps_the_meaning(anchor, chain, swap):
+    """Every link fuses into the one anchor, and the optimised graph computes what the imported one does."""
+    nodes, weights, x_shape, axis = ANCHOR_CASES[anchor]
+    nodes, inits = list(nodes), [const(n, s) for n, s in weights]
+    out_shape = {"conv": (1, 6, 5, 4), "gemm": (3, 6), "dense3d": (1, 3, 6), "batch": (2, 3, 3)}[anchor]
+    channel = [1] * len(out_shape)
+    channel[axis] = out_shape[axis]
+    cur = "a"
+    for i, link in enumerate(chain):
+        op, _, kind = link.partition("/")
+        nxt = f"v{i}"
+        if not kind:
+            ins = [cur, "lo", "hi"] if op == "Clip" else [cur]
+            nodes.append(helper.make_node(op, ins, [nxt], **({"alpha": 0.3} if op == "LeakyRelu" else {})))
+        else:
+            other = "r"
+            if kind != "residual":
+                other = f"c{i}"
+                shape = {"channel": channel[-(len(out_shape) - 1):] if axis else channel, "scalar": [],
+                         "full": out_shape}[kind]
+                inits.append(const(other, tuple(shape), 0.5, 1.5))
+            commutes = op in ("Add", "Sum", "Mul")
+            nodes.append(helper.make_node(op, [other, cur] if swap and commutes else [cur, other], [nxt]))
+        cur = nxt
+    nodes.append(helper.make_node("Identity", [cur], ["y"]))
+    inits += [scalar("lo", -0.4), scalar("hi", 0.7)]
+    ins = [helper.make_tensor_value_info(n, TensorProto.FLOAT, list(s)) for n, s in (("x", x_shape), ("r", out_shape))]
+    model = helper.make_model(helper.make_graph(nodes, "g", ins, [helper.make_tensor_value_info("y", 1, None)], inits),
+                              opset_imports=[helper.make_opsetid("", 17)])
+    g = load_model(model)
+    opt = optimize(g)
+    assert [n.op for n in opt.nodes if n.op != "Transpose"] == [opt.nodes[-1].op] and opt.nodes[-1].task is not None
+    assert len(opt.nodes[-1].task.epilogue) >= len(chain)
+    feeds = {"x": RNG.standard_normal(x_shape).astype(np.float32),
+             "r": RNG.standard_normal(out_shape).astype(np.float32)}
+    np.testing.assert_allclose(reference.run(opt, feeds)["y"], reference.run(g, feeds)["y"], rtol=1e-5, atol=1e-6)
