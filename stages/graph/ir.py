@@ -3,6 +3,9 @@
 Nodes are kept in topological order. After the fusion pass, an anchor node (conv2d, dense,
 matmul, batch_matmul) carries its `TuningTask` (with the fused epilogue) in `task`, and the
 element-wise nodes it absorbed are gone; every other node keeps its ONNX op type.
+An anchor's node inputs are its task's inputs in order (X, W, then the epilogue tensors); a
+tensor may be a contiguous reshape of its spec (a dense over [1, S, K] activations has an X spec
+of (S, K)). Attributes are the importer's normalised ones, listed in stages/graph/reference.py.
 """
 
 from __future__ import annotations
