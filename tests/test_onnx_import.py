@@ -242,3 +242,25 @@ def test_secondary_outputs_are_fine_unless_something_reads_them(tmp_path):
                 [vi("y", [1, 2, 3, 3]), vi("idx", [1, 2, 3, 3], TensorProto.INT64)])
     with pytest.raises(ModelError, match="MaxPool 'pool': the Indices output is not supported"):
         load_model(path)
+
+
+def test_a_causal_mask_built_from_shapes_folds_to_a_constant(tmp_path):
+    i64 = np.int64
+    inits = [numpy_helper.from_array(np.array(v, dtype), n) for n, v, dtype in (
+        ("one", 1, i64), ("zero", 0, i64), ("ax0", [0], i64), ("ax1", [1], i64), ("neg", -1e4, np.float32),
+        ("nothing", 0.0, np.float32))]
+    nodes = [helper.make_node("Shape", ["x"], ["s"]), helper.make_node("Gather", ["s", "one"], ["n"], axis=0),
+             helper.make_node("Range", ["zero", "n", "one"], ["idx"]),
+             helper.make_node("Unsqueeze", ["idx", "ax0"], ["row"]),
+             helper.make_node("Unsqueeze", ["idx", "ax1"], ["col"]),
+             helper.make_node("Less", ["col", "row"], ["future"]), helper.make_node("Not", ["future"], ["past"]),
+             helper.make_node("Where", ["past", "nothing", "neg"], ["mask"]),
+             helper.make_node("Size", ["mask"], ["count"]), helper.make_node("Cast", ["count"], ["countf"], to=1),
+             helper.make_node("Div", ["mask", "countf"], ["scaled"]),
+             helper.make_node("Add", ["x", "scaled"], ["y"])]
+    path = save(tmp_path, nodes, [vi("x", [2, 5, 5])], [vi("y", [2, 5, 5])], inits, opset=13)
+    g = load_model(path)
+    assert [n.op for n in g.nodes] == ["Add"]
+    x = np.random.default_rng(8).standard_normal((2, 5, 5)).astype(np.float32)
+    expected = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
+    np.testing.assert_allclose(reference.run(g, {"x": x})["y"], expected, rtol=1e-6)

@@ -10,6 +10,7 @@ its output shapes inferred.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from pathlib import Path
 
@@ -53,9 +54,19 @@ FOLD_ONLY: dict[str, Callable[[dict, list[np.ndarray], Ctx], np.ndarray]] = {
     "Gather": lambda raw, args, ctx: np.take(args[0], args[1], axis=int(raw.get("axis", 0))),
     "Range": lambda raw, args, ctx: np.arange(args[0], args[1], args[2], dtype=args[0].dtype),
     "Expand": lambda raw, args, ctx: np.broadcast_to(args[0], np.broadcast_shapes(args[0].shape, tuple(args[1]))),
+    "Equal": lambda raw, args, ctx: np.equal(args[0], args[1]),
+    "Less": lambda raw, args, ctx: np.less(args[0], args[1]),
+    "Greater": lambda raw, args, ctx: np.greater(args[0], args[1]),
+    "Not": lambda raw, args, ctx: np.logical_not(args[0]),
+    "Where": lambda raw, args, ctx: np.where(args[0], args[1], args[2]),
+}
+# Ops answered from static shapes alone, whatever their input.
+SHAPE_ONLY: dict[str, Callable[[dict, tuple[int, ...]], np.ndarray]] = {
+    "Shape": lambda raw, shape: np.array(shape[raw.get("start", 0): raw.get("end", len(shape))], dtype=np.int64),
+    "Size": lambda raw, shape: np.array(math.prod(shape), dtype=np.int64),
 }
 ALIASES = ("Identity", "Dropout")
-SUPPORTED = sorted({*NORMALIZERS, *FOLD_ONLY, *ALIASES, "Shape"})
+SUPPORTED = sorted({*NORMALIZERS, *FOLD_ONLY, *SHAPE_ONLY, *ALIASES})
 
 
 def parse_input_shapes(items: list[str] | None) -> dict[str, tuple[int, ...]]:
@@ -184,9 +195,8 @@ def _import_node(op: str, name: str, ins: list[str], outs: list[str], raw: dict,
         if ins[0] in ctx.consts:
             ctx.consts[outs[0]] = ctx.consts[ins[0]]
         return
-    if op == "Shape":
-        shape = ctx.shapes[ins[0]]
-        _set_const(ctx, outs[0], np.array(shape[raw.get("start", 0): raw.get("end", len(shape))], dtype=np.int64))
+    if op in SHAPE_ONLY:
+        _set_const(ctx, outs[0], SHAPE_ONLY[op](raw, ctx.shapes[ins[0]]))
         return
     if op in FOLD_ONLY:
         if op == "Cast" and ins[0] not in ctx.consts and np.dtype(helper.tensor_dtype_to_np_dtype(raw["to"])) \
