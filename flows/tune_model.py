@@ -15,7 +15,8 @@ from schemas.options import TuningOptions
 from schemas.target import Target
 from stages.build.library import build_library
 from stages.build.manifest import Manifest
-from stages.build.tune_all import tune_round_robin
+from stages.build.tune_all import tunable
+from stages.build.tune_all import tune_tasks as tune_all
 from stages.extract import load_model
 from stages.graph.ir import Graph
 from stages.graph.passes import optimize
@@ -28,13 +29,15 @@ from stages.tune.session import SessionSummary
 @task(name="extract", cache_policy=NO_CACHE)
 def extract(model: str, input_shapes: dict[str, tuple[int, ...]]) -> tuple[Graph, list[ExtractedTask]]:
     graph = optimize(load_model(model, input_shapes))
-    return graph, extract_tasks(graph)
+    tasks = extract_tasks(graph)
+    return graph, [t for t, ok in zip(tasks, tunable([t.task for t in tasks]), strict=True) if ok]
 
 
 @task(name="tune-tasks", cache_policy=NO_CACHE)
-def tune_tasks(tasks: list[ExtractedTask], target: Target, options: TuningOptions,
-               log_path: str) -> list[SessionSummary]:
-    return tune_round_robin([t.task for t in tasks], target, options, TuningLog(log_path))
+def tune_tasks(tasks: list[ExtractedTask], target: Target, options: TuningOptions, log_path: str,
+               scheduler: str) -> list[SessionSummary]:
+    return tune_all([t.task for t in tasks], [t.weight for t in tasks], target, options, TuningLog(log_path),
+                    options.n_trials, scheduler)
 
 
 @task(name="build-library", cache_policy=NO_CACHE)
@@ -51,11 +54,12 @@ def charts(log_path: str, out_dir: str, target_key: str, threads: int) -> list[s
 
 @flow(name="tune-model", flow_run_name="tune-model {model}", log_prints=True)
 def tune_model(model: str, target_name: str, options: TuningOptions, log_path: str, out: str,
-               input_shapes: dict[str, tuple[int, ...]] | None = None, charts_dir: str | None = None) -> dict:
-    """Every task of `model` to `options.n_trials` trials in the log, then the library in `out`."""
+               input_shapes: dict[str, tuple[int, ...]] | None = None, charts_dir: str | None = None,
+               scheduler: str = "gradient") -> dict:
+    """`options.n_trials` trials (log included) over the tasks of `model`, then the library in `out`."""
     target = Target.parse(target_name)
     graph, tasks = extract(model, input_shapes or {})
-    summaries = tune_tasks(tasks, target, options, log_path)
+    summaries = tune_tasks(tasks, target, options, log_path, scheduler)
     manifest, fallback = build(graph, target, out, options.measure.threads, log_path)
     pngs = charts(log_path, charts_dir or str(Path(out) / "charts"), target.key, options.measure.threads)
     return {"tasks": tasks, "summaries": summaries, "manifest": manifest, "fallback": fallback, "charts": pngs}

@@ -1,12 +1,14 @@
-"""Tune every task of a model before its build: one builder and runner, tasks taken round-robin.
+"""Tune every task of a model before its build, under one global trial budget.
 
-Each task gets `options.n_trials` trials in the log (so a rerun resumes where the last one
-stopped), a batch at a time in turn, so an interrupted run leaves every task partly tuned
-rather than the first fully and the rest not at all.
+The task scheduler (`stages/schedule`, gradient-based by default, as in Ansor) picks which task
+gets the next batch, weighting each task by how often it occurs in the model. One builder and
+one runner serve every task. The budget counts the trials already in the log for these tasks,
+so a rerun with the same budget resumes instead of starting over.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 
 from schemas.options import TuningOptions
@@ -15,21 +17,37 @@ from schemas.task import TuningTask
 from stages.log import TuningLog
 from stages.measure.builder import Builder
 from stages.measure.runner import LocalRunner
+from stages.schedule.driver import allocate
+from stages.schedule.scheduler import SCHEDULERS
+from stages.templates import TEMPLATES
 from stages.tune.session import Observer, SessionSummary, TuningSession, measure
 
 
-def tune_round_robin(tasks: list[TuningTask], target: Target, options: TuningOptions, log: TuningLog,
-                     observers: Callable[[TuningTask], list[Observer]] | None = None) -> list[SessionSummary]:
-    """Summaries in task order, after every task reached its budget (or its space ran out)."""
-    sessions = [TuningSession(t, target, options, log, observers(t) if observers else None) for t in tasks]
-    active = [s for s in sessions if not s.done]
+def tunable(tasks: list[TuningTask]) -> list[bool]:
+    """Which tasks a template can tune (the others build with the generic kernel)."""
+    return [t.op in TEMPLATES for t in tasks]
+
+
+def tune_tasks(tasks: list[TuningTask], weights: list[int], target: Target, options: TuningOptions, log: TuningLog,
+               budget: int, scheduler: str = "gradient",
+               observers: Callable[[TuningTask], list[Observer]] | None = None) -> list[SessionSummary]:
+    """Summaries in task order once `budget` trials (log included) are spent or every space ran out."""
+    per_task = options.model_copy(update={"n_trials": budget})
+    sessions = [TuningSession(t, target, per_task, log, observers(t) if observers else None) for t in tasks]
+    remaining = budget - sum(s.trials for s in sessions)
     with Builder(options.measure.n_parallel, options.measure.build_timeout) as builder, \
             LocalRunner(options.measure) as runner:
-        while active:
-            for s in list(active):
-                configs = s.propose()
-                if configs:
-                    s.record(configs, measure(builder, runner, s.task, configs, target))
-                if not configs or s.done:
-                    active.remove(s)
+
+        def step_for(s: TuningSession):
+            def step(n: int) -> tuple[int, float]:
+                configs = [] if s.done else s.propose()[:n]
+                if not configs:
+                    return 0, math.inf
+                s.record(configs, measure(builder, runner, s.task, configs, target))
+                return len(configs), s.best.result.median if s.best else math.inf
+            return step
+
+        if remaining > 0 and sessions:
+            allocate(SCHEDULERS[scheduler](options.seed), [step_for(s) for s in sessions], weights, remaining,
+                     options.batch_size)
     return [s.summary() for s in sessions]

@@ -1,4 +1,4 @@
-"""`tunaflow demo`: the README's first command."""
+"""`tunaflow demo` (what `make demo` runs): tune the bundled CNN end to end, build, run, compare."""
 
 from __future__ import annotations
 
@@ -8,25 +8,61 @@ from typing import Annotated
 
 import typer
 
-from tunaflow.commands.tune_op import print_result, tune
-from tunaflow.console import out
+from tunaflow.console import fail, out
 
 DATA = Path(__file__).resolve().parent.parent.parent / "data"
 
 
 def demo(
-    trials: Annotated[int, typer.Option(help="trial budget")] = 48,
-    runs: Annotated[Path, typer.Option(help="where the demo's tuning log goes")] = Path("runs"),
+    trials: Annotated[int, typer.Option(help="trial budget over all of the CNN's tasks")] = 160,
+    threads: Annotated[int, typer.Option(help="threads the kernels are tuned, built and run with")] = 1,
+    runs: Annotated[Path, typer.Option(help="where the demo's log, libraries and charts go")] = Path("runs"),
+    prefect: Annotated[bool, typer.Option("--prefect/--no-prefect", help="run the tuning as a Prefect flow")] = True,
 ) -> None:
-    """Tune the bundled 512x512x512 matmul through the Prefect flow and compare with default and numpy."""
-    from schemas import MeasureOptions, Target, TuningOptions, TuningTask
+    """Tune the bundled ResNet-like CNN, build its library, and time it against the default build and onnxruntime."""
+    from rich.table import Table
 
-    task = TuningTask.model_validate_json((DATA / "tasks" / "matmul_512.json").read_text())
-    log = runs / f"demo-{datetime.now():%Y%m%d-%H%M%S}"
-    out.print(f"[bold]tunaflow demo[/]: {trials} trials of {task.description} on this machine, through Prefect "
-              "(a temporary local Prefect server starts first, 10-20 s)")
-    options = TuningOptions(n_trials=trials, batch_size=16, tuner="random", measure=MeasureOptions(threads=1))
-    result = tune(task, Target.host(), options, log, prefect=True, show_progress=True)
-    print_result(result)
+    from schemas import MeasureOptions, Target, TuningOptions
+    from stages.runtime import load
+    from stages.runtime.compare import compare, max_rel_error, onnxruntime_runner, random_feeds
+    from tunaflow.commands.model import _build, _graph, tune_model
 
+    model = DATA / "models" / "cnn.onnx"
+    if not model.is_file():
+        raise fail(f"{model} is missing; regenerate the bundled models with `python data/make_models.py`")
+    run_dir = runs / f"demo-{datetime.now():%Y%m%d-%H%M%S}"
+    target = Target.host()
+    out.print(f"[bold]tunaflow demo[/]: {model.name}, {trials} trials over its tasks, {threads} thread(s)"
+              + (" (a temporary local Prefect server starts first, 10-20 s)" if prefect else ""))
+    options = TuningOptions(n_trials=trials, batch_size=8, measure=MeasureOptions(threads=threads))
+    report = tune_model(model, target, options, run_dir / "log", run_dir / "lib", None, prefect, quiet=False,
+                        charts_dir=run_dir / "charts")
+    _build(_graph(model, None), target, run_dir / "lib-default", threads, None, quiet=True)
 
+    tuned, default = load(run_dir / "lib"), load(run_dir / "lib-default")
+    feeds = random_feeds(tuned)
+    ort = onnxruntime_runner(model, threads)
+    want = ort(feeds)[0]
+    errors = {name: max_rel_error(next(iter(m.run(**feeds).values())), want)
+              for name, m in (("tuned", tuned), ("default", default))}
+    stats = compare({"tuned library": lambda: tuned.run(**feeds), "default-schedule library": lambda: default.run(
+        **feeds), "onnxruntime": lambda: ort(feeds)})
+
+    table = Table(title=f"{model.name}, batch 1, {threads} thread(s), median of 100 interleaved calls")
+    for col in ("", "median ms", "p90 ms", "vs onnxruntime"):
+        table.add_column(col, justify="left" if not col else "right")
+    ref = stats["onnxruntime"]["median_ms"]
+    for name, s in stats.items():
+        table.add_row(name, f"{s['median_ms']:.3f}", f"{s['p90_ms']:.3f}", f"{s['median_ms'] / ref:.2f}x")
+    out.print(table)
+    speedup = stats["default-schedule library"]["median_ms"] / stats["tuned library"]["median_ms"]
+    out.print(f"tuned vs default schedules: [bold green]{speedup:.2f}x faster[/]; max relative difference from "
+              f"onnxruntime: tuned {errors['tuned']:.1e}, default {errors['default']:.1e}")
+    tuned_tasks = sum(1 for t in report["tasks"] if t["best_gflops"] > 0)
+    out.print(f"tasks tuned   : {tuned_tasks} of {len(report['tasks'])} ({sum(t['trials'] for t in report['tasks'])} "
+              "trials in the log)")
+    out.print(f"tuning log    : {report['log']}")
+    out.print(f"library       : {run_dir / 'lib'} (model.so, weights.bin, manifest.json)")
+    out.print(f"default build : {run_dir / 'lib-default'}")
+    out.print(f"charts        : {run_dir / 'charts'} ({len(report['charts'])} PNG)")
+    out.print(f"next          : tunaflow run {run_dir / 'lib'} --bench 50")

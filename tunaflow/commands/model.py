@@ -159,9 +159,12 @@ def tune(
     output: Annotated[Path, typer.Option("-o", "--output", help="directory to write the library into")],
     log: Annotated[Path, typer.Option(help="tuning log directory (created if missing; a rerun resumes)")]
     = Path("tuning-log"),
-    trials: Annotated[int, typer.Option(help="trial budget per task in the log")] = 32,
+    trials: Annotated[int, typer.Option(help="trial budget over all tasks, counting those already in the log")]
+    = 64,
+    scheduler: Annotated[str, typer.Option(help="which task gets the next batch: gradient or round-robin")]
+    = "gradient",
     threads: Annotated[int, typer.Option(help="threads each kernel is tuned and built with")] = 1,
-    tuner: Annotated[str, typer.Option(help="search policy (see tune-op)")] = "random",
+    tuner: Annotated[str, typer.Option(help="search policy: lgbm, lgbm-rank, ga, random, grid")] = "lgbm",
     batch_size: Annotated[int, typer.Option(help="candidates built and measured per round and task")] = 8,
     seed: Annotated[int, typer.Option(help="seed of the search")] = 0,
     target: TargetOpt = "host",
@@ -184,7 +187,11 @@ def tune(
                                 measure=MeasureOptions(threads=threads))
     except ValidationError as exc:
         raise fail(str(exc)) from exc
-    result = tune_model(model, tgt, options, log, output, input_shape, prefect, quiet=json_out)
+    from stages.schedule.scheduler import SCHEDULERS
+
+    if scheduler not in SCHEDULERS:
+        raise fail(f"unknown scheduler {scheduler!r}; choose from {sorted(SCHEDULERS)}")
+    result = tune_model(model, tgt, options, log, output, input_shape, prefect, quiet=json_out, scheduler=scheduler)
     if json_out:
         print(json.dumps(result))
     else:
@@ -192,7 +199,7 @@ def tune(
 
 
 def tune_model(model: Path, target, options, log: Path, output: Path, input_shape: list[str] | None,
-               prefect: bool, quiet: bool, charts_dir: Path | None = None) -> dict:
+               prefect: bool, quiet: bool, charts_dir: Path | None = None, scheduler: str = "gradient") -> dict:
     """Extract → tune → build → charts, through the Prefect flow or directly; a JSON-able report."""
     from stages.log import LogError, TuningLog
 
@@ -210,21 +217,22 @@ def tune_model(model: Path, target, options, log: Path, output: Path, input_shap
         try:
             shapes = parse_input_shapes(input_shape)
             r = flow(str(model), target.to_string() if target.name != "host" else "host", options, str(log),
-                     str(output), shapes, str(charts_dir))
+                     str(output), shapes, str(charts_dir), scheduler)
         except ModelError as exc:
             raise fail(str(exc)) from exc
         tasks, summaries, manifest, fallback, charts = (r[k] for k in ("tasks", "summaries", "manifest", "fallback",
                                                                         "charts"))
     else:
-        from stages.build.tune_all import tune_round_robin
+        from stages.build.tune_all import tunable, tune_tasks
         from stages.graph.tasks import extract_tasks
         from stages.report.charts import log_charts
 
         graph = _graph(model, input_shape)
-        tasks = extract_tasks(graph)
+        tasks = [t for t in extract_tasks(graph) if tunable([t.task])[0]]
         if not quiet:
-            out.print(f"[bold]{model.name}[/]: {len(tasks)} task(s), {options.n_trials} trials each")
-        summaries = tune_round_robin([t.task for t in tasks], target, options, TuningLog(log))
+            out.print(f"[bold]{model.name}[/]: {len(tasks)} task(s), {options.n_trials} trials in all ({scheduler})")
+        summaries = tune_tasks([t.task for t in tasks], [t.weight for t in tasks], target, options, TuningLog(log),
+                               options.n_trials, scheduler)
         manifest, fallback = _build(graph, target, output, options.measure.threads, log, quiet=True)
         charts = [str(p) for p in log_charts(TuningLog(log), charts_dir, target.key, options.measure.threads)]
     if fallback and not quiet:

@@ -1,0 +1,51 @@
+"""Latency of built libraries next to onnxruntime on the same inputs, measured interleaved.
+
+This machine is noisy, so the contenders take turns (`rounds` rounds of `number` calls each)
+and each reports the median and p90 of all its calls.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+
+from stages.runtime.loader import Model, latency_stats
+
+
+def onnxruntime_runner(model: Path, threads: int) -> Callable[[dict[str, np.ndarray]], list[np.ndarray]]:
+    import onnxruntime as ort
+
+    opts = ort.SessionOptions()
+    opts.intra_op_num_threads = threads
+    opts.inter_op_num_threads = 1
+    sess = ort.InferenceSession(str(model), opts, providers=["CPUExecutionProvider"])
+    return lambda feeds: sess.run(None, feeds)
+
+
+def random_feeds(model: Model, seed: int = 0) -> dict[str, np.ndarray]:
+    rng = np.random.default_rng(seed)
+    return {i.name: rng.standard_normal(i.shape).astype(i.dtype) for i in model.inputs}
+
+
+def compare(contenders: dict[str, Callable[[], object]], number: int = 20, rounds: int = 5,
+            warmup: int = 3) -> dict[str, dict[str, float]]:
+    """Latency stats (ms) per contender; each callable runs the model once."""
+    times: dict[str, list[float]] = {name: [] for name in contenders}
+    for fn in contenders.values():
+        for _ in range(warmup):
+            fn()
+    for _ in range(rounds):
+        for name, fn in contenders.items():
+            for _ in range(number):
+                t0 = time.perf_counter()
+                fn()
+                times[name].append(time.perf_counter() - t0)
+    return {name: latency_stats(ts) for name, ts in times.items()}
+
+
+def max_rel_error(got: np.ndarray, want: np.ndarray) -> float:
+    """Largest |got - want| relative to the largest |want| (a scale-aware closeness figure)."""
+    return float(np.abs(got.astype(np.float64) - want).max() / max(float(np.abs(want).max()), 1e-30))

@@ -1,0 +1,112 @@
+"""`tunaflow build / run / tune` as a user runs them (real subprocesses), and the tune-model Prefect flow."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper
+
+ROOT = Path(__file__).resolve().parent.parent
+RNG = np.random.default_rng(5)
+
+
+def tunaflow(*args: str, timeout: float = 600) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "tunaflow", *args], cwd=ROOT, capture_output=True, text=True,
+                          timeout=timeout)
+
+
+def _init(name, arr):
+    return helper.make_tensor(name, TensorProto.FLOAT, arr.shape, arr.astype(np.float32).ravel())
+
+
+@pytest.fixture(scope="module")
+def model(tmp_path_factory) -> Path:
+    """x[1,3,8,8] → Conv(4, 3x3, pad 1) → Relu → MaxPool → GlobalAveragePool → Flatten → Gemm(5) → Softmax."""
+    path = tmp_path_factory.mktemp("m") / "tiny.onnx"
+    nodes = [helper.make_node("Conv", ["x", "w", "b"], ["c"], pads=[1, 1, 1, 1]),
+             helper.make_node("Relu", ["c"], ["r"]),
+             helper.make_node("MaxPool", ["r"], ["p"], kernel_shape=[2, 2], strides=[2, 2]),
+             helper.make_node("GlobalAveragePool", ["p"], ["g"]),
+             helper.make_node("Flatten", ["g"], ["f"]),
+             helper.make_node("Gemm", ["f", "fw", "fb"], ["l"], transB=1),
+             helper.make_node("Softmax", ["l"], ["y"], axis=1)]
+    inits = [_init("w", RNG.standard_normal((4, 3, 3, 3))), _init("b", RNG.standard_normal(4)),
+             _init("fw", RNG.standard_normal((5, 4))), _init("fb", RNG.standard_normal(5))]
+    graph = helper.make_graph(nodes, "tiny", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 8, 8])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 5])], inits)
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), path)
+    return path
+
+
+def _ort(model: Path, x: np.ndarray) -> np.ndarray:
+    import onnxruntime as ort
+
+    return ort.InferenceSession(str(model), providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
+
+
+def test_build_then_run_with_inputs_outputs_and_bench(model, tmp_path):
+    lib = tmp_path / "lib"
+    r = tunaflow("build", str(model), "-o", str(lib), "--json")
+    assert r.returncode == 0, r.stderr
+    built = json.loads(r.stdout)
+    assert built["ops"]["default"] == 1 and built["ops"]["generated"] >= 3 and built["log_digest"] is None
+    assert "use the default schedule" in built["fallback"]
+    manifest = json.loads((lib / "manifest.json").read_text())
+    assert manifest["inputs"] == [{"name": "x", "shape": [1, 3, 8, 8], "dtype": "float32"}]
+    assert set(manifest["files"]) == {"model.so", "weights.bin"}
+
+    x = RNG.standard_normal((1, 3, 8, 8)).astype(np.float32)
+    np.savez(tmp_path / "in.npz", x=x)
+    r = tunaflow("run", str(lib), "--inputs", str(tmp_path / "in.npz"), "--output", str(tmp_path / "out.npz"),
+                 "--bench", "10", "--json")
+    assert r.returncode == 0, r.stderr
+    ran = json.loads(r.stdout)
+    assert ran["outputs"] == {"y": [1, 5]} and 0 < ran["latency"]["median_ms"] <= ran["latency"]["p90_ms"]
+    np.testing.assert_allclose(np.load(tmp_path / "out.npz")["y"], _ort(model, x), rtol=1e-3, atol=1e-5)
+
+    np.savez(tmp_path / "bad.npz", x=np.zeros((1, 3, 8, 9), np.float32))
+    r = tunaflow("run", str(lib), "--inputs", str(tmp_path / "bad.npz"))
+    assert r.returncode == 2 and "must have shape [1, 3, 8, 8]" in r.stderr
+    r = tunaflow("run", str(lib), "--threads", "2")
+    assert r.returncode == 2 and "built for 1 thread" in r.stderr
+    with open(lib / "model.so", "ab") as fh:
+        fh.write(b"\0")
+    r = tunaflow("run", str(lib))
+    assert r.returncode == 2 and "model.so does not match the manifest" in r.stderr
+
+
+def test_tune_resumes_from_its_log_and_builds_the_tuned_library(model, tmp_path):
+    args = ["tune", str(model), "--log", str(tmp_path / "log"), "-o", str(tmp_path / "lib"), "--trials", "6",
+            "--batch-size", "3", "--tuner", "random", "--no-prefect", "--json"]
+    r = tunaflow(*args)
+    assert r.returncode == 0, r.stderr
+    first = json.loads(r.stdout)
+    (task,) = first["tasks"]
+    assert task["task"].startswith("conv2d(1x3x8x8") and task["trials"] == 6 and task["best_gflops"] > 0
+    assert first["ops"]["tuned"] == 1 and first["log_digest"]
+    assert len(first["charts"]) == 1 and Path(first["charts"][0]).stat().st_size > 5000
+    again = json.loads(tunaflow(*args).stdout)
+    assert again["tasks"][0]["new_trials"] == 0 and again["tasks"][0]["trials"] == 6
+    ops = json.loads((tmp_path / "lib" / "manifest.json").read_text())["ops"]
+    conv = next(op for op in ops if op["kind"] == "tuned")
+    assert conv["record"]["gflops"] == pytest.approx(task["best_gflops"], rel=0.01)
+
+    x = RNG.standard_normal((1, 3, 8, 8)).astype(np.float32)
+    from stages.runtime import load
+
+    np.testing.assert_allclose(load(tmp_path / "lib")(x), _ort(model, x), rtol=1e-3, atol=1e-5)
+
+
+def test_tune_model_flow(model, tmp_path, prefect_server):
+    from flows.tune_model import tune_model
+    from schemas import MeasureOptions, TuningOptions
+
+    options = TuningOptions(n_trials=3, batch_size=3, tuner="random", measure=MeasureOptions(threads=1))
+    result = tune_model(str(model), "host", options, str(tmp_path / "log"), str(tmp_path / "lib"))
+    assert [s.trials for s in result["summaries"]] == [3]
+    assert {op.kind for op in result["manifest"].ops} >= {"tuned", "generated", "generic"}
+    assert (tmp_path / "lib" / "model.so").is_file() and len(result["charts"]) == 1
