@@ -1,6 +1,7 @@
 """A real flow run on Prefect's temporary local server, writing a real Parquet log."""
 
 import asyncio
+from pathlib import Path
 
 from schemas import MeasureOptions, TuningOptions, matmul_task
 from stages.log import TuningLog
@@ -21,6 +22,7 @@ def test_tune_op_flow_runs_on_prefect_and_writes_the_log(prefect_server, tmp_pat
     assert result["best_gflops"] == round(max(r.gflops for r in records), 2) > 0
     assert result["default_gflops"] > 0 and result["numpy_gflops"] > 0
     assert list((tmp_path / "log").glob("part-*.parquet"))
+    assert result["best_latency_ms"] > 0 and Path(result["chart"]).stat().st_size > 10_000
 
     async def task_run_names() -> list[str]:
         async with get_client() as client:
@@ -29,7 +31,46 @@ def test_tune_op_flow_runs_on_prefect_and_writes_the_log(prefect_server, tmp_pat
 
     names = asyncio.run(task_run_names())
     for step in ("propose", "build", "measure", "record", "measure-default"):
-        assert any(n.startswith(step + "-") for n in names), (step, names)
+        assert f"{step} {TASK.description}" in names, (step, names)
+
+    async def artifacts() -> dict[str, str]:
+        async with get_client() as client:
+            return {a.key: a.type for a in await client.read_artifacts() if a.key}
+
+    kinds = asyncio.run(artifacts())
+    assert kinds[f"progress-matmul-{TASK.signature}"] == "progress"
+    assert kinds[f"results-matmul-{TASK.signature}"] == "markdown"
+    assert kinds[f"convergence-matmul-{TASK.signature}"] == "markdown"
 
     again = tune_op(TASK, "host", options.model_copy(update={"n_trials": 8}), str(tmp_path / "log"), progress=False)
     assert again["trials"] == 8 and again["new_trials"] == 2
+
+
+def test_dask_task_runner_builds_each_candidate_as_a_task_run(prefect_server, tmp_path):
+    from prefect.client.orchestration import get_client
+
+    from flows.runners import make_task_runner
+    from flows.tune_op import tune_op
+
+    task = matmul_task(8, 16, 8)
+    options = TuningOptions(n_trials=4, batch_size=4, measure=MeasureOptions(number=1, repeat=2, min_repeat_ms=1,
+                                                                             n_parallel=1))
+    flow = tune_op.with_options(task_runner=make_task_runner("dask"))
+    result = flow(task, "host", options, str(tmp_path / "log"), progress=False, distributed_builds=True)
+    assert result["trials"] == 4 and len(TuningLog(tmp_path / "log").records()) == 4
+
+    async def candidate_runs() -> list[str]:
+        async with get_client() as client:
+            return [r.name for r in await client.read_task_runs() if r.name.startswith(f"build {task.description} #")]
+
+    assert len(asyncio.run(candidate_runs())) == 4
+
+
+def test_unknown_task_runner_is_a_clear_error():
+    import pytest
+
+    from flows.runners import make_task_runner
+
+    with pytest.raises(ValueError, match="unknown task runner 'spark'"):
+        make_task_runner("spark")
+    assert make_task_runner("local") is None

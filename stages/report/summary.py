@@ -18,6 +18,7 @@ def op_report(summary: SessionSummary, default: MeasureResult, numpy_gflops: flo
         "wall_s": round(summary.wall_s, 3),
         "best_gflops": round(summary.best_gflops, 2),
         "best_config": best.config.knobs if best else None,
+        "best_latency_ms": round(best.result.median * 1e3, 4) if best else None,
         "best_spread": round(best.result.spread, 4) if best else None,
         "default_gflops": round(default_gflops, 2),
         "speedup_over_default": round(summary.best_gflops / default_gflops, 3) if default_gflops else None,
