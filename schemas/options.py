@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 
 class MeasureOptions(BaseModel):
@@ -21,6 +21,24 @@ class MeasureOptions(BaseModel):
     threads: int = Field(default=1, ge=1, le=256, description="threads each kernel runs with")
 
 
+class RunnerSpec(BaseModel):
+    """Where candidates are measured: here (`local`), or on devices under `key` at an RPC tracker."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    kind: Literal["local", "rpc"] = "local"
+    key: str = Field(default="", max_length=64, pattern=r"^[A-Za-z0-9_.-]*$")
+    host: str = "127.0.0.1"
+    port: int = Field(default=9190, ge=1, le=65535)
+    token_file: str | None = Field(default=None, description="else the TUNAFLOW_RPC_TOKEN variable")
+
+    @model_validator(mode="after")
+    def _rpc_needs_key(self) -> RunnerSpec:
+        if self.kind == "rpc" and not self.key:
+            raise ValueError("an rpc runner needs a device key (--key)")
+        return self
+
+
 class TuningOptions(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
@@ -34,3 +52,4 @@ class TuningOptions(BaseModel):
     top_k_remeasure: int = Field(default=3, ge=0)
     seed: int = 0
     measure: MeasureOptions = MeasureOptions()
+    runner: RunnerSpec = RunnerSpec()

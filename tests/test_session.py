@@ -11,7 +11,8 @@ FAST = MeasureOptions(number=1, repeat=2, min_repeat_ms=1, n_parallel=1)
 
 
 def options(**kw) -> TuningOptions:
-    return TuningOptions(**{"n_trials": 6, "batch_size": 3, "tuner": "random", "measure": FAST, **kw})
+    return TuningOptions(**{"n_trials": 6, "batch_size": 3, "tuner": "random", "measure": FAST, "top_k_remeasure": 0,
+                            **kw})
 
 
 def test_session_logs_every_trial_and_finds_a_best(tmp_path, host):

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import typer
 
-from tunaflow.commands import demo, log, log_check, log_plot, model, target, tasks, tune_op
+from tunaflow.commands import demo, log, log_check, log_plot, model, rpc, target, tasks, tune_op
 
 app = typer.Typer(
     help="tunaflow: auto-tune tensor operators with LLVM, keep every trial in a Parquet log, "
@@ -13,6 +13,8 @@ app = typer.Typer(
 )
 log_app = typer.Typer(help="Inspect, export and merge tuning logs.", no_args_is_help=True)
 app.add_typer(log_app, name="log")
+app.add_typer(rpc.tracker_app, name="tracker")
+app.add_typer(rpc.runner_app, name="runner")
 
 app.command("tune-op")(tune_op.tune_op)
 app.command("target")(target.target)

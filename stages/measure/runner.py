@@ -1,6 +1,8 @@
 """Local runner: one candidate at a time in a persistent worker process, restarted when it dies.
 
 A crash is `runtime_error` naming the signal; a run past `timeout` is killed (`run_timeout`).
+The worker says when its imports are done, so `timeout` counts only loading, checking and
+timing; a task the worker has not seen yet gets extra time for its numpy reference.
 """
 
 from __future__ import annotations
@@ -15,6 +17,8 @@ from schemas.options import MeasureOptions
 from stages.measure import worker
 from stages.measure.artifact import BuildResult
 
+START_TIMEOUT_S = 60.0
+
 
 class LocalRunner:
     def __init__(self, options: MeasureOptions):
@@ -22,20 +26,28 @@ class LocalRunner:
         self._ctx = mp.get_context("spawn")
         self._proc: mp.process.BaseProcess | None = None
         self._conn = None
+        self._seen: set[str] = set()
+        self._starts = 0
         self.restarts = 0
-        self._warm = False
 
-    def _ensure_worker(self) -> None:
+    def start(self) -> None:
+        """Start the worker (if it is not running) and wait until it is ready to measure."""
         if self._proc is not None and self._proc.is_alive():
             return
         if self._proc is not None:
+            self._kill()
+        if self._starts:
             self.restarts += 1
+        self._starts += 1
         parent, child = self._ctx.Pipe()
         self._proc = self._ctx.Process(target=worker.serve, args=(child,), daemon=True, name="tunaflow-runner")
         self._proc.start()
         child.close()
         self._conn = parent
-        self._warm = False
+        self._seen = set()
+        if not (parent.poll(START_TIMEOUT_S) and parent.recv() == worker.READY):
+            self._kill()
+            raise RuntimeError(f"measurement worker did not start within {START_TIMEOUT_S:.0f} s")
 
     def _kill(self) -> None:
         if self._proc is not None:
@@ -47,34 +59,37 @@ class LocalRunner:
     def run(self, builds: list[BuildResult]) -> list[MeasureResult]:
         return [self.run_one(b) for b in builds]
 
-    def run_one(self, build: BuildResult) -> MeasureResult:
+    def run_one(self, build: BuildResult, options: MeasureOptions | None = None) -> MeasureResult:
+        """Measure one build with `options` (default: the runner's); never raises for a bad kernel."""
+        opts = options or self.options
         if not build.ok:
             return MeasureResult(error_no=build.error_no, error_msg=build.error_msg, build_s=build.build_s)
-        self._ensure_worker()
+        try:
+            self.start()
+        except (RuntimeError, OSError) as exc:
+            return self._result(MeasureErrorNo.runtime_error, str(exc), (), build.build_s, 0.0)
         assert self._conn is not None and self._proc is not None
-        req = worker.RunRequest(build.task, build.target, dict(build.config.knobs), build.obj, self.options)
+        req = worker.RunRequest(build.task, build.target, dict(build.config.knobs), build.obj, opts)
+        grace = 0.0 if build.task.signature in self._seen else 5.0 + build.task.flops / 2e9
         start = time.perf_counter()
-        # The worker's first request also pays for its imports; allow for that once.
-        grace = 0.0 if self._warm else 30.0
         try:
             self._conn.send(req)
-            ready = self._conn.poll(self.options.timeout + grace)
+            ready = self._conn.poll(opts.timeout + grace)
             reply = self._conn.recv() if ready else None
         except (EOFError, BrokenPipeError, ConnectionResetError):
-            reply = None
-            ready = True
+            reply, ready = None, True
         elapsed = time.perf_counter() - start
         if reply is None:
             if not ready:
                 self._kill()
                 return self._result(MeasureErrorNo.run_timeout,
-                                    f"run did not finish within {self.options.timeout:.1f} s; worker killed",
+                                    f"run did not finish within {opts.timeout:.1f} s; worker killed",
                                     (), build.build_s, elapsed)
             self._proc.join(5)
             code = self._proc.exitcode
             self._kill()
             return self._result(MeasureErrorNo.runtime_error, _death(code), (), build.build_s, elapsed)
-        self._warm = True
+        self._seen.add(build.task.signature)
         return self._result(reply.error_no, reply.error_msg, reply.costs, build.build_s, reply.run_s)
 
     @staticmethod
@@ -89,6 +104,7 @@ class LocalRunner:
             self._proc.join(2)
             if self._proc.is_alive():
                 self._proc.kill()
+                self._proc.join(2)
         self._proc = None
         self._conn = None
 

@@ -23,6 +23,7 @@ from stages.measure.check import compare, reduction_size
 from stages.templates import template_for
 
 FLUSH_BYTES = 64 * 1024 * 1024
+READY = "ready"
 
 
 @dataclass(frozen=True)
@@ -40,15 +41,23 @@ class RunReply:
     error_msg: str
     costs: tuple[float, ...]
     run_s: float
+    number: int = 0
 
 
 class _TaskData:
-    """Inputs and reference for the current task (one task at a time is the common case)."""
+    """Inputs and reference for the current task (one task at a time is the common case), and the flush buffer."""
 
     def __init__(self) -> None:
         self.signature: str | None = None
         self.inputs: list[np.ndarray] = []
         self.ref: np.ndarray | None = None
+        self._flush: np.ndarray | None = None
+
+    def flush_buffer(self) -> np.ndarray:
+        """Written before each timed call to evict the caches; allocated (and paged in) once."""
+        if self._flush is None:
+            self._flush = np.zeros(FLUSH_BYTES // 4, dtype=np.float32)
+        return self._flush
 
     def get(self, task: TuningTask) -> tuple[list[np.ndarray], np.ndarray]:
         if task.signature != self.signature:
@@ -67,7 +76,7 @@ def run(req: RunRequest, cache: _TaskData) -> RunReply:
     inputs, ref = cache.get(req.task)
     args = tpl.kernel_args(req.task, req.knobs, inputs)
     kernel = LoadedKernel(req.obj, req.target)
-    first = kernel.time(args, 1)
+    first = kernel.time(args, 1)  # the discarded warm-up call, whose output is checked
     ok, err = compare(args[-1], ref, reduction_size(req.task))
     if not ok:
         return RunReply(MeasureErrorNo.wrong_answer, f"output differs from numpy reference: max abs error {err:.3g}",
@@ -75,18 +84,19 @@ def run(req: RunRequest, cache: _TaskData) -> RunReply:
     number = opts.number
     if opts.min_repeat_ms > 0 and first > 0:
         number = max(number, math.ceil(opts.min_repeat_ms / 1000.0 / first))
-    flush = np.zeros(FLUSH_BYTES // 4, dtype=np.float32) if opts.enable_cpu_cache_flush else None
+    flush = cache.flush_buffer() if opts.enable_cpu_cache_flush else None
     costs = []
     for i in range(opts.repeat):
         if i and opts.cooldown_ms:
             time.sleep(opts.cooldown_ms / 1000.0)
         costs.append(kernel.time(args, number, flush))
-    return RunReply(MeasureErrorNo.no_error, "", tuple(costs), time.perf_counter() - start)
+    return RunReply(MeasureErrorNo.no_error, "", tuple(costs), time.perf_counter() - start, number)
 
 
 def serve(conn: Connection) -> None:
     """Worker loop: one RunRequest in, one RunReply out, until the pipe closes."""
     cache = _TaskData()
+    conn.send(READY)  # imports are done: the runner's timeouts start counting from here
     while True:
         try:
             req = conn.recv()

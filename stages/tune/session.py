@@ -20,8 +20,11 @@ from schemas.task import TuningTask
 from stages.cost_model.transfer import load_transfer
 from stages.log import TuningLog
 from stages.measure.artifact import BuildResult
+from stages.measure.base import Runner
 from stages.measure.builder import Builder
-from stages.measure.runner import LocalRunner
+from stages.measure.factory import make_runner
+from stages.measure.remeasure import TUNER_NAME as REMEASURE
+from stages.measure.remeasure import remeasure, top_k
 from stages.search import make_tuner
 from stages.search.base import TunerContext
 from stages.templates import template_for
@@ -68,7 +71,8 @@ class TuningSession:
         self.template = template_for(task)
         self.space = self.template.space(task, target)
         transfer = load_transfer(options.transfer_from, task, target.key, options.measure.threads)
-        previous = log.for_task(task.signature, target.key, options.measure.threads)
+        previous = [r for r in log.for_task(task.signature, target.key, options.measure.threads)
+                    if r.tuner != REMEASURE]  # re-measurements are not trials
         known = {r.config.index for r in previous}
         copied = [r for r in _first_per_config(transfer.exact) if r.config.index not in known]
         log.append(copied)
@@ -131,6 +135,18 @@ class TuningSession:
                 observe(event)
         return records
 
+    def record_remeasurement(self, configs: list[Config], results: list[MeasureResult]) -> list[TuningRecord]:
+        """Log the top-k re-measurement (not counted as trials); the best becomes the fastest of it."""
+        records = [TuningRecord(
+            tunaflow_version=__version__, session_id=self.session_id, trial=self.trials + i, tuner=REMEASURE,
+            target_key=self.target.key, task_signature=self.task.signature, task=self.task,
+            template_version=self.template.VERSION, threads=self.options.measure.threads, config=config,
+            result=result, gflops=self.task.flops / result.median / 1e9 if result.ok else 0.0,
+        ) for i, (config, result) in enumerate(zip(configs, results, strict=True))]
+        self.log.append(records)
+        self.best = min((r for r in records if r.result.ok), key=lambda r: r.result.median, default=self.best)
+        return records
+
     def summary(self) -> SessionSummary:
         return SessionSummary(self.task, self.target.key, self.trials, self.trials - self.start_trials,
                               time.monotonic() - self._started, self.best, dict(self.errors))
@@ -144,17 +160,27 @@ def _first_per_config(records: tuple[TuningRecord, ...]) -> list[TuningRecord]:
     return list(out.values())
 
 
-def measure(builder: Builder, runner: LocalRunner, task: TuningTask, configs: list[Config],
+def measure(builder: Builder, runner: Runner, task: TuningTask, configs: list[Config],
             target: Target) -> list[MeasureResult]:
     """Build then run: the only way a candidate gets a result."""
     builds: list[BuildResult] = builder.build(task, configs, target, runner.options.threads)
     return runner.run(builds)
 
 
-def measure_default_config(builder: Builder, runner: LocalRunner, task: TuningTask, target: Target) -> MeasureResult:
+def measure_default_config(builder: Builder, runner: Runner, task: TuningTask, target: Target) -> MeasureResult:
     """The untuned default schedule's measurement: what every speed-up is relative to."""
     config = template_for(task).default_config(task, target)
     return measure(builder, runner, task, [config], target)[0]
+
+
+def remeasure_top(session: TuningSession, builder: Builder, runner: Runner) -> list[TuningRecord]:
+    """Re-measure the session's top-k configs and choose its best from that (k = options.top_k_remeasure)."""
+    k = session.options.top_k_remeasure
+    configs = top_k(session.log.for_task(session.task.signature, session.target.key, session.options.measure.threads),
+                    k) if k else []
+    if not configs:
+        return []
+    return session.record_remeasurement(configs, remeasure(builder, runner, session.task, session.target, configs))
 
 
 def run_session(task: TuningTask, target: Target, options: TuningOptions, log: TuningLog,
@@ -168,11 +194,12 @@ def run_session_with_default(task: TuningTask, target: Target, options: TuningOp
     """Tune one task directly and measure its default schedule with the same builder and runner."""
     session = TuningSession(task, target, options, log, observers)
     with Builder(options.measure.n_parallel, options.measure.build_timeout) as builder, \
-            LocalRunner(options.measure) as runner:
+            make_runner(options.runner, options.measure) as runner:
         default = measure_default_config(builder, runner, task, target)
         while not session.done:
             configs = session.propose()
             if not configs:
                 break
             session.record(configs, measure(builder, runner, task, configs, target))
+        remeasure_top(session, builder, runner)
     return session.summary(), default

@@ -1,0 +1,1 @@
+"""RPC measurement: a tracker keeps devices by key and a job queue, agents pull jobs, clients submit batches."""
