@@ -1,0 +1,201 @@
+"""RPC measurement with real processes and real sockets on 127.0.0.1: a tracker, device agents, a client."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+from test_measure_kernels import FAST, TASK, build_of
+
+from schemas import MeasureErrorNo, MeasureResult
+from schemas.rpc import MeasureJob, SubmitRequest
+from stages.measure.builder import build_one
+from stages.rpc.auth import auth_headers
+from stages.rpc.client import RPCRunner, TrackerClient, TrackerError
+from stages.rpc.tracker import TrackerState, _Agent
+from stages.templates import matmul
+
+TOKEN = "test-token-0123456789abcdef"
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Cluster:
+    """A tracker and its agents as child processes of the test."""
+
+    def __init__(self, tmp: Path, agent_timeout: float = 1.5, max_body_mb: int = 2):
+        self.tmp, self.port = tmp, free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.env = {**os.environ, "TUNAFLOW_RPC_TOKEN": TOKEN}
+        self.procs: dict[str, subprocess.Popen] = {}
+        self.spawn("tracker", "tracker", "serve", "--port", str(self.port), "--agent-timeout", str(agent_timeout),
+                   "--max-body-mb", str(max_body_mb))
+        self.client = TrackerClient(self.url, TOKEN)
+        self.wait_for(lambda s: True)
+
+    def spawn(self, name: str, *args: str) -> None:
+        log = open(self.tmp / f"{name}.log", "w")  # noqa: SIM115 - closed with the process
+        self.procs[name] = subprocess.Popen([sys.executable, "-m", "tunaflow", *args], cwd=ROOT, env=self.env,
+                                            stdout=log, stderr=subprocess.STDOUT)
+
+    def add_agents(self, *names: str, key: str = "dev") -> None:
+        for name in names:
+            self.spawn(name, "runner", "serve", "--tracker", f"127.0.0.1:{self.port}", "--key", key, "--name", name)
+        self.wait_for(lambda s: sum(len(k.devices) for k in s.keys) >= len(names))
+
+    def wait_for(self, ok, timeout: float = 60.0):
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                status = self.client.status()
+                if ok(status):
+                    return status
+            except TrackerError:
+                pass
+            if time.monotonic() > deadline:
+                logs = {p.name: p.read_text()[-800:] for p in self.tmp.glob("*.log")}
+                raise AssertionError(f"cluster not ready: {logs}")
+            time.sleep(0.1)
+
+    def runner(self, options=FAST) -> RPCRunner:
+        return RPCRunner(options, "dev", self.url, TOKEN, queue_timeout_s=30)
+
+    def close(self) -> None:
+        self.client.close()
+        for proc in self.procs.values():
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGINT)
+        for proc in self.procs.values():
+            try:
+                proc.wait(10)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory):
+    c = Cluster(tmp_path_factory.mktemp("rpc"))
+    c.add_agents("agent0", "agent1")
+    yield c
+    c.close()
+
+
+def distinct_builds(target, n: int):
+    space = matmul.space(TASK, target)
+    configs = [space.config(i) for i in list(space.valid_indices())[:: 97][:n]]
+    return [build_one(TASK, c, target) for c in configs]
+
+
+def test_two_agents_measure_a_batch(cluster, host):
+    builds = distinct_builds(host, 6)
+    with cluster.runner() as runner:
+        assert runner.device_target() == host
+        results = runner.run(builds)
+    assert [r.error_no for r in results] == [MeasureErrorNo.no_error] * 6
+    assert all(len(r.costs) == 3 and r.median > 0 for r in results)
+    (dev,) = cluster.client.status().keys
+    assert dev.key == "dev" and dev.free == 2 and dev.queued == 0
+    assert sorted(d.name for d in dev.devices) == ["agent0", "agent1"]
+    assert all(d.measured > 0 for d in dev.devices)
+
+
+def test_faulty_kernels_are_recorded_and_the_agents_survive(cluster, host):
+    builds = [build_of(k, host) for k in ("segfault", "hang", "wrong", "sigill", "ok")]
+    with cluster.runner() as runner:
+        results = runner.run(builds)
+    assert [r.error_no for r in results] == [MeasureErrorNo.runtime_error, MeasureErrorNo.run_timeout,
+                                             MeasureErrorNo.wrong_answer, MeasureErrorNo.runtime_error,
+                                             MeasureErrorNo.no_error]
+    assert "SIGSEGV" in results[0].error_msg and "SIGILL" in results[3].error_msg
+    assert all(p.poll() is None for p in cluster.procs.values())
+    assert len(cluster.client.status().keys[0].devices) == 2
+
+
+def test_wrong_token_is_rejected(cluster):
+    resp = httpx.get(cluster.url + "/v1/status", headers=auth_headers("not-the-token-0123456789"))
+    assert resp.status_code == 401 and "token" in resp.json()["detail"]
+    assert httpx.get(cluster.url + "/v1/status").status_code == 401
+    cli = subprocess.run([sys.executable, "-m", "tunaflow", "tracker", "status", "--tracker",
+                          f"127.0.0.1:{cluster.port}"], cwd=ROOT, capture_output=True, text=True, timeout=60,
+                         env={**os.environ, "TUNAFLOW_RPC_TOKEN": "not-the-token-0123456789"})
+    assert cli.returncode == 2 and "rejected the RPC token" in cli.stderr
+    ok = subprocess.run([sys.executable, "-m", "tunaflow", "tracker", "status", "--tracker",
+                         f"127.0.0.1:{cluster.port}"], cwd=ROOT, capture_output=True, text=True, timeout=60,
+                        env=cluster.env)
+    assert ok.returncode == 0 and "dev" in ok.stdout and "free 2" in ok.stdout
+
+
+def test_oversized_and_malformed_requests_get_4xx_and_the_tracker_stays_up(cluster, host):
+    headers = auth_headers(TOKEN)
+    job = MeasureJob.of(TASK, host, {"mr": 1}, b"\0" * (3 * 1024 * 1024), FAST)
+    big = SubmitRequest(key="dev", jobs=[job]).model_dump_json()
+    resp = httpx.post(cluster.url + "/v1/jobs", content=big, headers={**headers, "content-type": "application/json"})
+    assert resp.status_code == 413
+    resp = httpx.post(cluster.url + "/v1/jobs", content=b"{not json", headers=headers)
+    assert resp.status_code == 422
+    resp = httpx.post(cluster.url + "/v1/jobs", json={"key": "dev", "jobs": [{"task": "x"}]}, headers=headers)
+    assert resp.status_code == 422 and "jobs" in resp.text
+    resp = httpx.post(cluster.url + "/v1/agents/nobody/next", json={"wait_s": 0}, headers=headers)
+    assert resp.status_code == 404
+    assert cluster.client.status().keys[0].free == 2
+
+
+def test_an_agent_killed_mid_batch_loses_nothing(tmp_path, host):
+    c = Cluster(tmp_path, agent_timeout=1.0)
+    try:
+        c.add_agents("a", "b")
+        slow = FAST.model_copy(update={"min_repeat_ms": 250.0, "repeat": 2})
+        builds = distinct_builds(host, 4)
+        results: list[MeasureResult] = []
+        with c.runner(slow) as runner:
+            worker = threading.Thread(target=lambda: results.extend(runner.run(builds)))
+            worker.start()
+            busy = c.wait_for(lambda s: any(d.busy for k in s.keys for d in k.devices), timeout=30)
+            victim = next(d.name for d in busy.keys[0].devices if d.busy)
+            c.procs[victim].kill()
+            worker.join(120)
+        assert [r.error_no for r in results] == [MeasureErrorNo.no_error] * 4
+        status = c.wait_for(lambda s: len(s.keys[0].devices) == 1)
+        assert status.requeued >= 1 and status.failed_after_retries == 0
+        assert [d.name for d in status.keys[0].devices] != [victim]
+    finally:
+        c.close()
+
+
+def test_a_job_whose_devices_keep_vanishing_fails_after_bounded_retries(host):
+    state = TrackerState(agent_timeout_s=0.0, max_retries=1)
+    job = MeasureJob.of(TASK, host, {}, b"obj", FAST)
+    (jid,) = state.submit(SubmitRequest(key="dev", jobs=[job]))
+
+    for attempt in range(2):
+        agent = _Agent(f"a{attempt}", "dev", "", host, time.monotonic() - 1)
+        state.agents[agent.id] = agent
+        assert state.lease(agent).job_id == jid
+        state.reap()
+    result = state.jobs[jid].result
+    assert result is not None and result.error_no == MeasureErrorNo.runtime_error
+    assert "gave up after 1 requeues" in result.error_msg and state.requeued == 1
+
+
+def test_a_job_no_device_takes_is_an_error(host):
+    state = TrackerState()
+    (jid,) = state.submit(SubmitRequest(key="nobody", jobs=[MeasureJob.of(TASK, host, {}, b"o", FAST)],
+                                        queue_timeout_s=0.001))
+    time.sleep(0.01)
+    state.reap()
+    assert state.jobs[jid].result.error_no == MeasureErrorNo.run_timeout
+    assert "no device under key 'nobody'" in state.jobs[jid].result.error_msg
