@@ -180,7 +180,6 @@ def test_a_job_whose_devices_keep_vanishing_fails_after_bounded_retries(host):
     state = TrackerState(agent_timeout_s=0.0, max_retries=1)
     job = MeasureJob.of(TASK, host, {}, b"obj", FAST)
     (jid,) = state.submit(SubmitRequest(key="dev", jobs=[job]))
-
     for attempt in range(2):
         agent = _Agent(f"a{attempt}", "dev", "", host, time.monotonic() - 1)
         state.agents[agent.id] = agent

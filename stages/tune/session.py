@@ -174,8 +174,9 @@ def measure_default_config(builder: Builder, runner: Runner, task: TuningTask, t
 
 
 def remeasure_top(session: TuningSession, builder: Builder, runner: Runner) -> list[TuningRecord]:
-    """Re-measure the session's top-k configs and choose its best from that (k = options.top_k_remeasure)."""
-    k = session.options.top_k_remeasure
+    """Re-measure the top-k configs (k = options.top_k_remeasure) and choose the best from that; a session
+    that measured nothing new has nothing to re-decide."""
+    k = session.options.top_k_remeasure if session.trials > session.start_trials else 0
     configs = top_k(session.log.for_task(session.task.signature, session.target.key, session.options.measure.threads),
                     k) if k else []
     if not configs:
