@@ -21,13 +21,14 @@ from schemas.target import Target
 from schemas.task import TuningTask
 from stages.log import TuningLog
 from stages.measure.artifact import BuildResult
+from stages.measure.base import Runner
 from stages.measure.builder import Builder, build_one
+from stages.measure.factory import make_runner
 from stages.measure.numpy_ref import numpy_gflops
-from stages.measure.runner import LocalRunner
 from stages.report.charts import convergence_chart
 from stages.report.progress import TerminalProgress
 from stages.report.summary import op_report
-from stages.tune.session import TuningSession, measure_default_config
+from stages.tune.session import TuningSession, measure_default_config, remeasure_top
 
 
 @task(name="propose", task_run_name="propose {session.task.description}", cache_policy=NO_CACHE)
@@ -46,7 +47,7 @@ def build_candidate(op: TuningTask, config: Config, target: Target, threads: int
 
 
 @task(name="measure", task_run_name="measure {builds[0].task.description}", cache_policy=NO_CACHE)
-def run(runner: LocalRunner, builds: list[BuildResult]) -> list[MeasureResult]:
+def run(runner: Runner, builds: list[BuildResult]) -> list[MeasureResult]:
     return runner.run(builds)
 
 
@@ -56,8 +57,13 @@ def record(session: TuningSession, configs: list[Config], results: list[MeasureR
 
 
 @task(name="measure-default", task_run_name="measure-default {op.description}", cache_policy=NO_CACHE)
-def measure_default(builder: Builder, runner: LocalRunner, op: TuningTask, target: Target) -> MeasureResult:
+def measure_default(builder: Builder, runner: Runner, op: TuningTask, target: Target) -> MeasureResult:
     return measure_default_config(builder, runner, op, target)
+
+
+@task(name="remeasure", task_run_name="remeasure {session.task.description}", cache_policy=NO_CACHE)
+def remeasure(session: TuningSession, builder: Builder, runner: Runner) -> int:
+    return len(remeasure_top(session, builder, runner))
 
 
 @task(name="numpy-reference", task_run_name="numpy-reference {op.description}", cache_policy=NO_CACHE)
@@ -75,8 +81,8 @@ def tune_op(op: TuningTask, target_name: str, options: TuningOptions, log_path: 
     threads = options.measure.threads
     session.observers.append(ProgressArtifact(artifact_key("progress", op.op, op.signature),
                                               f"{op.description} on {target.name}", options.batch_size))
-    with Builder(options.measure.n_parallel, options.measure.build_timeout) as builder, \
-            LocalRunner(options.measure) as runner, \
+    with Builder.for_options(options.measure) as builder, \
+            make_runner(options.runner, options.measure) as runner, \
             TerminalProgress(op.description, options.n_trials, every=options.batch_size) as bar:
         if progress:
             session.observers.append(bar)
@@ -90,6 +96,7 @@ def tune_op(op: TuningTask, target_name: str, options: TuningOptions, log_path: 
             else:
                 builds = build(builder, op, configs, target, threads)
             record(session, configs, run(runner, builds))
+        remeasure(session, builder, runner)
     report = op_report(session.summary(), default, numpy_reference(op, threads), log_path)
     publish_results(artifact_key("results", op.op, op.signature), [report])
     records = log.for_task(op.signature, target.key, threads)

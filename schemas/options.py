@@ -19,6 +19,9 @@ class MeasureOptions(BaseModel):
     cooldown_ms: float = Field(default=0.0, ge=0)
     n_parallel: int = Field(default=0, ge=0, description="build processes; 0 means one per core")
     threads: int = Field(default=1, ge=1, le=256, description="threads each kernel runs with")
+    memory_limit_mb: int = Field(default=4096, ge=64, description="data memory a measured kernel may allocate")
+    fault_rate: float = Field(default=0.0, ge=0, le=1, description="testing: share of candidates made to misbehave")
+    fault_seed: int = Field(default=0, description="testing: which candidates misbehave")
 
 
 class RunnerSpec(BaseModel):

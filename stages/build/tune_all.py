@@ -35,7 +35,7 @@ def tune_tasks(tasks: list[TuningTask], weights: list[int], target: Target, opti
     per_task = options.model_copy(update={"n_trials": budget})
     sessions = [TuningSession(t, target, per_task, log, observers(t) if observers else None) for t in tasks]
     remaining = budget - sum(s.trials for s in sessions)
-    with Builder(options.measure.n_parallel, options.measure.build_timeout) as builder, \
+    with Builder.for_options(options.measure) as builder, \
             LocalRunner(options.measure) as runner:
 
         def step_for(s: TuningSession):

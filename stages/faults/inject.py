@@ -77,13 +77,15 @@ spin:
   %w = fadd float %v, 1.0e3
   store float %w, float* %o
   ret void""",
-    "alloc": """  br label %grow
+    "alloc": """  %keep = alloca i8*
+  br label %grow
 grow:
   %m = call i8* @malloc(i64 268435456)
   %null = icmp eq i8* %m, null
   br i1 %null, label %fail, label %touch
 touch:
   call i8* @memset(i8* %m, i32 1, i64 268435456)
+  store volatile i8* %m, i8** %keep
   br label %grow
 fail:
   call void @abort()

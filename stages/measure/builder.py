@@ -14,22 +14,28 @@ from multiprocessing.pool import Pool
 
 from schemas.config import Config
 from schemas.measure import MeasureErrorNo
+from schemas.options import MeasureOptions
 from schemas.target import Target
 from schemas.task import TuningTask
 from stages.codegen.compile import compile_ir
+from stages.faults.inject import fault_for, inject
 from stages.measure.artifact import BuildResult
 from stages.templates import template_for
 
 
-def build_one(task: TuningTask, config: Config, target: Target, threads: int = 1) -> BuildResult:
-    """Build in this process; errors are returned, never raised."""
+def build_one(task: TuningTask, config: Config, target: Target, threads: int = 1, fault_rate: float = 0.0,
+              fault_seed: int = 0) -> BuildResult:
+    """Build in this process; errors are returned, never raised. With `fault_rate`, chosen
+    candidates get a real fault compiled in (stages/faults), to test what survives them."""
     start = time.perf_counter()
     tpl = template_for(task)
     why = tpl.space(task, target).reason(config.knobs)
     if why:
         return BuildResult(task, target, config, None, 0.0, MeasureErrorNo.instantiation_error, why)
     try:
-        obj = compile_ir(tpl.build_ir(task, config.knobs, target, threads), target).data
+        module = tpl.build_ir(task, config.knobs, target, threads)
+        fault = fault_for(config.index, fault_rate, fault_seed)
+        obj = compile_ir(inject(str(module), fault, len(task.inputs)) if fault else module, target).data
     except Exception as exc:  # a template or LLVM bug must not stop the session
         msg = f"{type(exc).__name__}: {exc}\n{traceback.format_exc(limit=3)}"
         return BuildResult(task, target, config, None, time.perf_counter() - start,
@@ -40,10 +46,15 @@ def build_one(task: TuningTask, config: Config, target: Target, threads: int = 1
 class Builder:
     """Owns a pool of `n_parallel` spawn processes for the life of a session."""
 
-    def __init__(self, n_parallel: int = 0, timeout: float = 30.0):
+    def __init__(self, n_parallel: int = 0, timeout: float = 30.0, fault_rate: float = 0.0, fault_seed: int = 0):
         self.n_parallel = n_parallel or len(os.sched_getaffinity(0))
         self.timeout = timeout
+        self.faults = (fault_rate, fault_seed)
         self._pool: Pool | None = None
+
+    @classmethod
+    def for_options(cls, options: MeasureOptions) -> Builder:
+        return cls(options.n_parallel, options.build_timeout, options.fault_rate, options.fault_seed)
 
     def _get_pool(self) -> Pool:
         if self._pool is None:
@@ -54,9 +65,9 @@ class Builder:
         if not configs:
             return []
         if self.n_parallel == 1:
-            return [build_one(task, c, target, threads) for c in configs]
+            return [build_one(task, c, target, threads, *self.faults) for c in configs]
         pool = self._get_pool()
-        pending = [(c, pool.apply_async(build_one, (task, c, target, threads))) for c in configs]
+        pending = [(c, pool.apply_async(build_one, (task, c, target, threads, *self.faults))) for c in configs]
         results: list[BuildResult] = []
         stuck = False
         for config, handle in pending:

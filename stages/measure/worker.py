@@ -8,6 +8,7 @@ per task and kept for the next candidates of the same task.
 from __future__ import annotations
 
 import math
+import resource
 import time
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
@@ -72,6 +73,7 @@ class _TaskData:
 def run(req: RunRequest, cache: _TaskData) -> RunReply:
     start = time.perf_counter()
     opts = req.options
+    _limit_memory(opts.memory_limit_mb)
     tpl = template_for(req.task)
     inputs, ref = cache.get(req.task)
     args = tpl.kernel_args(req.task, req.knobs, inputs)
@@ -94,6 +96,13 @@ def run(req: RunRequest, cache: _TaskData) -> RunReply:
             time.sleep(opts.cooldown_ms / 1000.0)
         costs.append(kernel.time(args, number, flush))
     return RunReply(MeasureErrorNo.no_error, "", tuple(costs), time.perf_counter() - start, number)
+
+
+def _limit_memory(megabytes: int) -> None:
+    """Bound the data a kernel may allocate: past it malloc fails instead of the machine swapping."""
+    _, hard = resource.getrlimit(resource.RLIMIT_DATA)
+    soft = megabytes << 20
+    resource.setrlimit(resource.RLIMIT_DATA, (soft if hard == resource.RLIM_INFINITY else min(soft, hard), hard))
 
 
 def serve(conn: Connection) -> None:

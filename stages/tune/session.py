@@ -194,7 +194,7 @@ def run_session_with_default(task: TuningTask, target: Target, options: TuningOp
                              observers: list[Observer] | None = None) -> tuple[SessionSummary, MeasureResult]:
     """Tune one task directly and measure its default schedule with the same builder and runner."""
     session = TuningSession(task, target, options, log, observers)
-    with Builder(options.measure.n_parallel, options.measure.build_timeout) as builder, \
+    with Builder.for_options(options.measure) as builder, \
             make_runner(options.runner, options.measure) as runner:
         default = measure_default_config(builder, runner, task, target)
         while not session.done:
