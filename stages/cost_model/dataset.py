@@ -61,6 +61,8 @@ def normalise(throughput: np.ndarray) -> np.ndarray:
 def task_rows(task: TuningTask, target: Target, threads: int, knobs: Sequence[Knobs], throughput: np.ndarray,
               weight: float = 1.0) -> Rows:
     """One task's configs and their throughput (any unit; 0 = failed) as one group."""
+    if not knobs:
+        return Rows.concat([])
     x = featurize(task, target, threads, knob_columns(knobs))
     y = normalise(np.asarray(throughput, dtype=np.float64))
     return Rows(x, y, np.zeros(len(y), np.int64), np.full(len(y), weight))

@@ -139,7 +139,12 @@ class ModelTuner:
         if self.throughput:
             order = np.argsort(-np.array(self.throughput))[:16]
             starts = self.codec.decode(np.array(self.indices)[order])
-        cand = self.annealer.find_maximums(score, 4 * n, self.seen, starts)
+        if self.codec.pool is not None:
+            free = self.codec.pool[~np.isin(self.codec.pool, np.fromiter(self.seen, dtype=np.int64))]
+            rows = self.codec.decode(free)
+            cand = rows[np.argsort(-score(rows), kind="stable")[: 4 * n]]
+        else:
+            cand = self.annealer.find_maximums(score, 4 * n, self.seen, starts)
         picked: list[np.ndarray] = []
         for row in cand:
             if all(int((row != p).sum()) >= self.min_distance for p in picked):

@@ -20,7 +20,7 @@ class ValidSampler:
         self.rng = np.random.default_rng(seed)
         self.seen = set(exclude)
         self._order: list[int] | None = None
-        if space.size <= ENUMERATE_LIMIT:
+        if space.size <= ENUMERATE_LIMIT or getattr(space, "enumerable", False):
             valid = np.fromiter((i for i in space.valid_indices() if i not in self.seen), dtype=np.int64)
             self._order = self.rng.permutation(valid).tolist()[::-1]
 
