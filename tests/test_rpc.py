@@ -18,7 +18,7 @@ from test_measure_kernels import FAST, TASK, build_of
 from schemas import MeasureErrorNo, MeasureResult
 from schemas.rpc import MeasureJob, SubmitRequest
 from stages.measure.builder import build_one
-from stages.rpc.auth import auth_headers
+from stages.rpc.auth import RequestSigner
 from stages.rpc.client import RPCRunner, TrackerClient, TrackerError
 from stages.rpc.tracker import TrackerState, _Agent
 from stages.templates import matmul
@@ -126,7 +126,7 @@ def test_faulty_kernels_are_recorded_and_the_agents_survive(cluster, host):
 
 
 def test_wrong_token_is_rejected(cluster):
-    resp = httpx.get(cluster.url + "/v1/status", headers=auth_headers("not-the-token-0123456789"))
+    resp = httpx.get(cluster.url + "/v1/status", auth=RequestSigner("not-the-token-0123456789"))
     assert resp.status_code == 401 and "token" in resp.json()["detail"]
     assert httpx.get(cluster.url + "/v1/status").status_code == 401
     cli = subprocess.run([sys.executable, "-m", "tunaflow", "tracker", "status", "--tracker",
@@ -140,16 +140,16 @@ def test_wrong_token_is_rejected(cluster):
 
 
 def test_oversized_and_malformed_requests_get_4xx_and_the_tracker_stays_up(cluster, host):
-    headers = auth_headers(TOKEN)
+    auth = RequestSigner(TOKEN)
     job = MeasureJob.of(TASK, host, {"mr": 1}, b"\0" * (3 * 1024 * 1024), FAST)
     big = SubmitRequest(key="dev", jobs=[job]).model_dump_json()
-    resp = httpx.post(cluster.url + "/v1/jobs", content=big, headers={**headers, "content-type": "application/json"})
+    resp = httpx.post(cluster.url + "/v1/jobs", content=big, headers={"content-type": "application/json"}, auth=auth)
     assert resp.status_code == 413
-    resp = httpx.post(cluster.url + "/v1/jobs", content=b"{not json", headers=headers)
+    resp = httpx.post(cluster.url + "/v1/jobs", content=b"{not json", auth=auth)
     assert resp.status_code == 422
-    resp = httpx.post(cluster.url + "/v1/jobs", json={"key": "dev", "jobs": [{"task": "x"}]}, headers=headers)
+    resp = httpx.post(cluster.url + "/v1/jobs", json={"key": "dev", "jobs": [{"task": "x"}]}, auth=auth)
     assert resp.status_code == 422 and "jobs" in resp.text
-    resp = httpx.post(cluster.url + "/v1/agents/nobody/next", json={"wait_s": 0}, headers=headers)
+    resp = httpx.post(cluster.url + "/v1/agents/nobody/next", json={"wait_s": 0}, auth=auth)
     assert resp.status_code == 404
     assert cluster.client.status().keys[0].free == 2
 

@@ -22,7 +22,7 @@ from schemas.rpc import Lease, RegisterReply, RegisterRequest, ResultPost
 from schemas.target import Target
 from stages.measure.artifact import BuildResult
 from stages.measure.runner import LocalRunner
-from stages.rpc.auth import auth_headers
+from stages.rpc.auth import RequestSigner
 
 log = logging.getLogger("tunaflow.agent")
 POLL_S = 10.0
@@ -33,7 +33,7 @@ class Agent:
     def __init__(self, tracker_url: str, key: str, token: str, target: Target, name: str = ""):
         self.key, self.target = key, target
         self.name = name or f"{socket.gethostname()}:{os.getpid()}"
-        self._http = httpx.Client(base_url=tracker_url, headers=auth_headers(token),
+        self._http = httpx.Client(base_url=tracker_url, auth=RequestSigner(token),
                                   timeout=httpx.Timeout(10.0, read=POLL_S + 10.0))
         self._runner = LocalRunner(MeasureOptions())
         self._stop = threading.Event()

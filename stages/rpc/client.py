@@ -16,7 +16,7 @@ from schemas.options import MeasureOptions, RunnerSpec
 from schemas.rpc import MAX_JOBS_PER_SUBMIT, MeasureJob, ResultsReply, SubmitReply, SubmitRequest, TrackerStatus
 from schemas.target import Target
 from stages.measure.artifact import BuildResult
-from stages.rpc.auth import auth_headers, load_token
+from stages.rpc.auth import RequestSigner, load_token
 
 CHUNK_BYTES = 16 * 1024 * 1024
 UNREACHABLE_S = 30.0
@@ -30,7 +30,7 @@ class TrackerError(RuntimeError):
 class TrackerClient:
     def __init__(self, url: str, token: str, timeout: float = 10.0):
         self.url = url
-        self._http = httpx.Client(base_url=url, headers=auth_headers(token),
+        self._http = httpx.Client(base_url=url, auth=RequestSigner(token),
                                   timeout=httpx.Timeout(timeout, read=timeout + POLL_S + 5.0))
 
     def request(self, method: str, path: str, body: dict | None = None) -> httpx.Response:
