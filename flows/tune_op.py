@@ -25,6 +25,7 @@ from stages.measure.base import Runner
 from stages.measure.builder import Builder, build_one
 from stages.measure.factory import make_runner
 from stages.measure.numpy_ref import numpy_gflops
+from stages.measure.remeasure import TUNER_NAME as REMEASURE
 from stages.report.charts import convergence_chart
 from stages.report.progress import TerminalProgress
 from stages.report.summary import op_report
@@ -99,7 +100,7 @@ def tune_op(op: TuningTask, target_name: str, options: TuningOptions, log_path: 
         remeasure(session, builder, runner)
     report = op_report(session.summary(), default, numpy_reference(op, threads), log_path)
     publish_results(artifact_key("results", op.op, op.signature), [report])
-    records = log.for_task(op.signature, target.key, threads)
+    records = [r for r in log.for_task(op.signature, target.key, threads) if r.tuner != REMEASURE]
     if records:
         png = convergence_chart(records, op.description, Path(log_path) / "charts" / f"{op.signature}_t{threads}.png")
         publish_chart(artifact_key("convergence", op.op, op.signature), png, op.description)

@@ -16,7 +16,7 @@ def tunaflow(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
 def test_tune_op_json_then_resume_then_log_show(tmp_path):
     log = str(tmp_path / "log")
     args = ["tune-op", "matmul", "--m", "32", "--n", "32", "--k", "32", "--log", log, "--no-prefect", "--json",
-            "--batch-size", "4", "--seed", "3"]
+            "--batch-size", "4", "--seed", "3", "--remeasure-top-k", "0"]
     first = tunaflow(*args, "--trials", "6")
     assert first.returncode == 0, first.stderr
     out = json.loads(first.stdout)
@@ -71,3 +71,26 @@ def test_help_explains_commands():
         assert cmd in r.stdout
     h = tunaflow("tune-op", "--help").stdout
     assert "--trials" in h and "resumes" in h and "--early-stopping" in h
+
+
+def test_log_plot_writes_one_chart_per_task_with_one_point_per_trial(tmp_path):
+    import struct
+
+    log = str(tmp_path / "log")
+    for m in ("8", "12"):
+        r = tunaflow("tune-op", "matmul", "--m", m, "--n", "16", "--k", "8", "--trials", "5", "--batch-size", "5",
+                     "--log", log, "--no-prefect", "--json", "--tuner", "random")
+        assert r.returncode == 0, r.stderr
+    r = tunaflow("log", "plot", log, "-o", str(tmp_path / "charts"))
+    assert r.returncode == 0, r.stderr
+    pngs = sorted((tmp_path / "charts").glob("*.png"))
+    assert len(pngs) == 2
+    for png in pngs:
+        head = png.read_bytes()[:24]
+        assert head[:8] == b"\x89PNG\r\n\x1a\n"
+        width, height = struct.unpack(">II", head[16:24])
+        assert width >= 600 and height >= 300
+        data = json.loads(png.with_suffix(".json").read_text())
+        assert data["trial"] == [1, 2, 3, 4, 5] and len(data["gflops"]) == 5
+        assert data["best"] == sorted(data["best"]) and max(data["gflops"]) == data["best"][-1]
+    assert tunaflow("log", "plot", str(tmp_path / "nolog")).returncode != 0

@@ -1,16 +1,19 @@
 """Convergence charts: one PNG per task, drawn from the tuning log (the record of truth).
 
 Blue dots are every successful trial's GFLOPS in trial order, the orange line is the best so
-far, and failed trials are red crosses on the x axis.
+far, and failed trials are red crosses on the x axis. The plotted series are written beside each PNG as
+JSON, for scripts and tests.
 """
 
 from __future__ import annotations
 
+import json
 import re
 from pathlib import Path
 
 from schemas.record import TuningRecord
 from stages.log import TuningLog
+from stages.measure.remeasure import TUNER_NAME as REMEASURE
 
 
 def convergence_chart(records: list[TuningRecord], title: str, dest: Path) -> Path:
@@ -43,6 +46,8 @@ def convergence_chart(records: list[TuningRecord], title: str, dest: Path) -> Pa
     dest.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(dest)
     plt.close(fig)
+    data = {"trial": xs, "gflops": [r.gflops for r in records], "ok": [r.result.ok for r in records], "best": best}
+    dest.with_suffix(".json").write_text(json.dumps(data))
     return dest
 
 
@@ -50,6 +55,8 @@ def log_charts(log: TuningLog, out_dir: Path, target_key: str | None = None, thr
     """One chart per task in the log (optionally only one target / thread count)."""
     by_task: dict[str, list[TuningRecord]] = {}
     for r in log.records():
+        if r.tuner == REMEASURE:
+            continue
         if (target_key is None or r.target_key == target_key) and (threads is None or r.threads == threads):
             by_task.setdefault(r.task_signature, []).append(r)
     paths = []
