@@ -53,9 +53,9 @@ def _mac(token: str, method: str, target: str, ts: str, nonce: str, body_digest:
     return hmac.new(token.encode(), msg, hashlib.sha256).hexdigest()
 
 
-def signature(token: str, method: str, target: str, body: bytes) -> str:
+def signature(token: str, method: str, target: str, body: bytes, now: float | None = None) -> str:
     """The auth header value for one request: `timestamp nonce body-sha256 hmac`."""
-    ts, nonce, digest = f"{time.time():.3f}", secrets.token_hex(16), hashlib.sha256(body).hexdigest()
+    ts, nonce, digest = f"{now or time.time():.3f}", secrets.token_hex(16), hashlib.sha256(body).hexdigest()
     return f"{ts} {nonce} {digest} {_mac(token, method, target, ts, nonce, digest)}"
 
 

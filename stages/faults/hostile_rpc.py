@@ -1,0 +1,152 @@
+"""Hostile network input to an RPC server, each kind with the status a correct server answers.
+
+Used by tests/test_hostile_rpc.py (small counts) and benchmarks/faults.py (the figures). Every
+probe returns how many requests it sent and which answers were wrong; a connection the server
+dropped counts as a wrong answer, so a crash shows up as one.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import time
+from dataclasses import dataclass, field
+
+import httpx
+
+from stages.rpc.auth import AUTH_HEADER, RequestSigner, signature
+
+STATUS = "/v1/status"
+
+
+@dataclass
+class Tally:
+    """Requests sent per kind and the answers that were not the expected status."""
+
+    sent: dict[str, int] = field(default_factory=dict)
+    wrong: list[str] = field(default_factory=list)
+
+    def expect(self, kind: str, status: int | None, expected: int | tuple[int, ...], detail: str = "") -> None:
+        self.sent[kind] = self.sent.get(kind, 0) + 1
+        if status not in (expected if isinstance(expected, tuple) else (expected,)):
+            self.wrong.append(f"{kind}: got {status}, expected {expected} {detail}".strip())
+
+    @property
+    def total(self) -> int:
+        return sum(self.sent.values())
+
+
+def _status(http: httpx.Client, method: str, path: str, **kw) -> int | None:
+    """The answer's status, or None when the server dropped the connection."""
+    try:
+        return http.request(method, path, **kw).status_code
+    except httpx.HTTPError:
+        return None
+
+
+def bad_credentials(url: str, token: str, tally: Tally, n: int = 5) -> None:
+    """No signature, a wrong token, a garbage header, a bearer token, a stale timestamp, a body swapped
+    after signing: 401."""
+    wrong = RequestSigner("not-the-token-" + "x" * 16)
+    body = b'{"job_ids": ["j1"], "wait_s": 0}'
+    with httpx.Client(base_url=url, timeout=10) as http:
+        for _ in range(n):
+            stale = {AUTH_HEADER: signature(token, "GET", STATUS, b"", now=time.time() - 600)}
+            swapped = {AUTH_HEADER: signature(token, "POST", "/v1/jobs/results", body)}
+            tally.expect("no token", _status(http, "GET", STATUS), 401)
+            tally.expect("wrong token", _status(http, "GET", STATUS, auth=wrong), 401)
+            tally.expect("garbage auth header", _status(http, "GET", STATUS, headers={AUTH_HEADER: "a b c d"}), 401)
+            tally.expect("bearer token", _status(http, "GET", STATUS, headers={"Authorization": f"Bearer {token}"}),
+                         401)
+            tally.expect("stale timestamp", _status(http, "GET", STATUS, headers=stale), 401)
+            tally.expect("body swapped after signing", _status(http, "POST", "/v1/jobs/results",
+                                                               content=body.replace(b"j1", b"j2"), headers=swapped),
+                         401)
+
+
+def replayed(url: str, token: str, tally: Tally, n: int = 5) -> None:
+    """A request captured once and sent again: the original is served, every copy refused."""
+    with httpx.Client(base_url=url, timeout=10) as http:
+        for _ in range(n):
+            captured = {AUTH_HEADER: signature(token, "GET", STATUS, b"")}
+            tally.expect("original of a replay", _status(http, "GET", STATUS, headers=captured), 200)
+            tally.expect("replayed request", _status(http, "GET", STATUS, headers=captured), 401)
+
+
+def malformed(url: str, token: str, tally: Tally, n: int = 2) -> None:
+    """Signed requests with bodies and paths the API cannot accept: 400 or 422 (unparsable or invalid body),
+    404 or 405, never 5xx."""
+    cases = [
+        ("/v1/jobs", b"{not json", 422),
+        ("/v1/jobs", b"\xff\xfe\x00garbage", 422),
+        ("/v1/jobs", b"[]", 422),
+        ("/v1/jobs", b'{"key": "../../etc", "jobs": []}', 422),
+        ("/v1/jobs", b'{"key": "dev", "jobs": [{"task": "x"}]}', 422),
+        ("/v1/jobs", b"[" * 100_000 + b"]" * 100_000, 422),
+        ("/v1/jobs/results", b'{"job_ids": [], "wait_s": 1e308}', 422),
+        ("/v1/jobs/results", b'{"job_ids": ["' + b"a" * 100 + b'"]}', 422),
+        ("/v1/agents", b'{"key": "dev", "target": {"triple": 7}}', 422),
+        ("/v1/agents/" + "x" * 300 + "/next", b'{"wait_s": 0}', 404),
+        ("/v1/nowhere", b"{}", 404),
+    ]
+    with httpx.Client(base_url=url, timeout=30, auth=RequestSigner(token),
+                      headers={"content-type": "application/json"}) as http:
+        for _ in range(n):
+            for path, body, expected in cases:
+                tally.expect("malformed body or path", _status(http, "POST", path, content=body),
+                             (400, 422) if expected == 422 else expected, path[:40])
+            tally.expect("wrong method", _status(http, "PUT", STATUS, content=b"{}"), 405)
+
+
+def oversized(url: str, token: str, max_body: int, tally: Tally, n: int = 2) -> None:
+    """A body over the limit, declared or streamed without a length: 413."""
+    big = b"x" * (max_body + 1)
+
+    def chunks():
+        for i in range(0, len(big), 65536):
+            yield big[i:i + 65536]
+
+    with httpx.Client(base_url=url, timeout=30, auth=RequestSigner(token)) as http:
+        for _ in range(n):
+            tally.expect("oversized body", _status(http, "POST", "/v1/jobs", content=big), 413)
+            tally.expect("oversized chunked body", _status(http, "POST", "/v1/jobs", content=chunks()), 413)
+
+
+class SlowConnections:
+    """`n` connections that send half a request and then nothing (slowloris), held open until closed."""
+
+    def __init__(self, host: str, port: int, n: int):
+        self.socks: list[socket.socket] = []
+        for i in range(n):
+            s = socket.create_connection((host, port), timeout=5)
+            head = b"POST /v1/jobs HTTP/1.1\r\nHost: x\r\n" if i % 2 else \
+                b"POST /v1/jobs HTTP/1.1\r\nHost: x\r\nContent-Length: 100000\r\n\r\n{\"key\":"
+            s.sendall(head)
+            self.socks.append(s)
+
+    def close(self) -> None:
+        for s in self.socks:
+            s.close()
+        self.socks = []
+
+
+def burst(url: str, token: str, tally: Tally, n: int, concurrency: int = 64) -> float:
+    """`n` signed status requests, `concurrency` at a time; every one must be answered 200. Seconds taken."""
+
+    async def run() -> None:
+        gate = asyncio.Semaphore(concurrency)
+        limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
+        async with httpx.AsyncClient(base_url=url, auth=RequestSigner(token), timeout=30, limits=limits) as http:
+            async def one() -> int | None:
+                async with gate:
+                    try:
+                        return (await http.get(STATUS)).status_code
+                    except httpx.HTTPError:
+                        return None
+
+            for status in await asyncio.gather(*(one() for _ in range(n))):
+                tally.expect("burst", status, 200)
+
+    start = time.perf_counter()
+    asyncio.run(run())
+    return time.perf_counter() - start

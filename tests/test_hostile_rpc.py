@@ -1,0 +1,66 @@
+"""Hostile network input to a real tracker on 127.0.0.1: every request gets the right status, the
+tracker neither crashes nor keeps the resources, and it still serves real work afterwards."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+
+import psutil
+import pytest
+from test_rpc import ROOT, TOKEN, Cluster, distinct_builds
+
+from schemas import MeasureErrorNo
+from stages.faults.hostile_rpc import SlowConnections, Tally, bad_credentials, burst, malformed, oversized, replayed
+
+
+def footprint(pid: int) -> tuple[float, int]:
+    proc = psutil.Process(pid)
+    return proc.memory_info().rss / 2**20, proc.num_fds()
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory):
+    c = Cluster(tmp_path_factory.mktemp("hostile"), max_body_mb=1)
+    c.add_agents("agent0")
+    yield c
+    c.close()
+
+
+def test_hostile_requests_get_the_right_status_and_leave_nothing_behind(cluster, host):
+    tracker = cluster.procs["tracker"]
+    tally = Tally()
+    burst(cluster.url, TOKEN, tally, 100)  # warm up, so the baseline includes the server's steady state
+    rss0, fds0 = footprint(tracker.pid)
+    bad_credentials(cluster.url, TOKEN, tally, n=3)
+    replayed(cluster.url, TOKEN, tally, n=3)
+    malformed(cluster.url, TOKEN, tally, n=1)
+    oversized(cluster.url, TOKEN, 1024 * 1024, tally, n=1)
+    slow = SlowConnections("127.0.0.1", cluster.port, 50)
+    try:
+        burst(cluster.url, TOKEN, tally, 200)  # served while the slow connections hang
+    finally:
+        slow.close()
+    assert tally.wrong == []
+    assert tally.sent["replayed request"] == 3 and tally.sent["burst"] == 300
+    time.sleep(0.5)
+    rss1, fds1 = footprint(tracker.pid)
+    assert tracker.poll() is None
+    assert fds1 <= fds0 + 4, f"file descriptors {fds0} -> {fds1}"
+    assert rss1 - rss0 < 40, f"RSS {rss0:.0f} -> {rss1:.0f} MiB"
+    with cluster.runner() as runner:
+        results = runner.run(distinct_builds(host, 2))
+    assert [r.error_no for r in results] == [MeasureErrorNo.no_error] * 2
+
+
+def test_the_tracker_binds_loopback_by_default_and_refuses_to_start_without_a_token(cluster):
+    addrs = {c.laddr.ip for c in psutil.Process(cluster.procs["tracker"].pid).net_connections("tcp")
+             if c.status == psutil.CONN_LISTEN}
+    assert addrs == {"127.0.0.1"}
+    env = {k: v for k, v in os.environ.items() if k != "TUNAFLOW_RPC_TOKEN"}
+    for host in ("0.0.0.0", "127.0.0.1"):
+        proc = subprocess.run([sys.executable, "-m", "tunaflow", "tracker", "serve", "--host", host, "--port", "1"],
+                              cwd=ROOT, env=env, capture_output=True, text=True, timeout=60)
+        assert proc.returncode == 2 and "no RPC token" in proc.stderr, proc.stderr
