@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 from schemas.task import TuningTask
-from stages.templates import conv2d, matmul
+from stages.templates import batch_matmul, conv2d, dense, matmul
 from stages.templates.base import Template
 
-TEMPLATES: dict[str, Template] = {"matmul": matmul, "conv2d": conv2d}
+TEMPLATES: dict[str, Template] = {"matmul": matmul, "conv2d": conv2d, "dense": dense,
+                                  "batch_matmul": batch_matmul}
 
 
 def template_for(task: TuningTask) -> Template:

@@ -1,0 +1,345 @@
+"""BLIS-style float32 GEMM code generator shared by matmul, dense and batch matmul.
+
+`C[b] = alpha * A[b] @ B[b]`, then the fused epilogue, for every output batch `b`. Loops,
+outermost first: parallel work items (batch x blocks of the parallel axis), N blocks of `nc`
+panels, K blocks of `kc`, M blocks of `mc` row tiles (A optionally packed per block into an
+`mr`-interleaved panel, so the micro-kernel streams it), then panels x row tiles in the
+schedule's order. The micro-kernel keeps an `mr x nv*vw` tile of C in vector registers over a
+whole K block; on the last K block it scales by alpha, applies the epilogue in registers and
+stores once. Edges are handled at run time by masked loads/stores (one micro-kernel per
+config, which keeps IR and compile time small).
+
+B is either packed at build time into panels `Bp[ceil(N/nr)][K][nr]` (zero-padded on N), or read
+in place as row-major `(K, N)` (activations, e.g. attention's batch matmul).
+Kernel arguments: `[A, B, *epilogue tensors, C]` (see `epilogue`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+from llvmlite import ir
+
+from schemas.task import EpilogueOp
+from stages.codegen.harness import add_harness
+from stages.codegen.irb import (
+    F32,
+    F32P,
+    I1,
+    I32,
+    I64,
+    VOIDP,
+    add,
+    fma,
+    for_range,
+    gep,
+    i64,
+    load_vec,
+    mul,
+    smin,
+    splat,
+    store_vec,
+    vec,
+)
+from stages.codegen.parallel import emit_main
+from stages.templates import epilogue
+
+PACK_A_LIMIT = 1 << 20  # bytes of stack scratch per thread for a packed A block
+
+
+@dataclass(frozen=True)
+class GemmSpec:
+    """What to compute. Offsets and strides are in float elements."""
+
+    m: int
+    n: int
+    k: int
+    batch_offsets: tuple[tuple[int, int], ...] = ((0, 0),)  # per output batch: (A offset, B offset)
+    a_trans: bool = False  # A stored as (K, M)
+    b_packed: bool = True
+    alpha: float = 1.0
+    epilogue: tuple[EpilogueOp, ...] = ()
+
+    @property
+    def batch(self) -> int:
+        return len(self.batch_offsets)
+
+
+@dataclass(frozen=True)
+class Schedule:
+    mr: int
+    nv: int
+    vw: int
+    kc: int
+    mc: int
+    nc: int
+    uk: int
+    order: str  # "jr_ir": panels outer, row tiles inner (B micro-panel stays in L1); "ir_jr": the reverse
+    pack_a: bool
+    par: str  # "m" or "n": the axis whose blocks are split between threads
+
+    @property
+    def nr(self) -> int:
+        return self.nv * self.vw
+
+    @classmethod
+    def from_knobs(cls, k: dict) -> Schedule:
+        ints = {x: int(k[x]) for x in ("mr", "nv", "vw", "kc", "mc", "nc", "uk")}
+        return cls(**ints, order=str(k["order"]), pack_a=bool(int(k["pack_a"])), par=str(k["par"]))
+
+
+def pack_b(b: np.ndarray, nr: int, trans: bool = False) -> np.ndarray:
+    """B (K,N) — or (N,K) when `trans` — → panels Bp[ceil(N/nr)][K][nr], zero-padded on N."""
+    bt = b.T if trans else b
+    k, n = bt.shape
+    panels = -(-n // nr)
+    padded = np.zeros((k, panels * nr), dtype=np.float32)
+    padded[:, :n] = bt
+    return np.ascontiguousarray(padded.reshape(k, panels, nr).transpose(1, 0, 2))
+
+
+def work_items(spec: GemmSpec, s: Schedule) -> int:
+    """Independent items the parallel loop runs over: batch x blocks of the parallel axis."""
+    tiles = -(-spec.m // s.mr)
+    panels = -(-spec.n // s.nr)
+    per = -(-tiles // s.mc) if s.par == "m" else -(-panels // s.nc)
+    return spec.batch * per
+
+
+def emit_range(mod: ir.Module, spec: GemmSpec, s: Schedule) -> ir.Function:
+    """`tf_range(ptr args, i64 begin, i64 end)`: work items [begin, end)."""
+    return _Gen(spec, s).emit(mod)
+
+
+class _Gen:
+    def __init__(self, spec: GemmSpec, s: Schedule):
+        self.g, self.s = spec, s
+        self.tiles = -(-spec.m // s.mr)
+        self.panels = -(-spec.n // s.nr)
+        self.ib_count = -(-self.tiles // s.mc)
+        self.jb_count = -(-self.panels // s.nc)
+        self.kb_count = -(-spec.k // s.kc)
+        self.n_epi = len(epilogue.operands(spec.epilogue))
+        # A element (row i, reduction k) lives at i * ars + k * aks
+        self.ars, self.aks = (1, spec.m) if spec.a_trans else (spec.k, 1)
+
+    def emit(self, mod: ir.Module) -> ir.Function:
+        g, s = self.g, self.s
+        fn = ir.Function(mod, ir.FunctionType(ir.VoidType(), [VOIDP, I64, I64]), name="tf_range")
+        fn.linkage = "internal"
+        b = ir.IRBuilder(fn.append_basic_block("entry"))
+        argv = b.bitcast(fn.args[0], F32P.as_pointer())
+        ptrs = [b.load(b.gep(argv, [i64(i)])) for i in range(3 + self.n_epi)]
+        a, bm, c, epi = ptrs[0], ptrs[1], ptrs[-1], ptrs[2:-1]
+        buf = None
+        if s.pack_a:
+            buf = b.alloca(F32, size=i64(s.mc * s.mr * s.kc))
+            buf.align = 64
+        micro = self._micro_fn(mod)
+        per = self.ib_count if s.par == "m" else self.jb_count
+        offsets = self._offsets_table(mod)
+        with for_range(b, fn.args[1], fn.args[2], name="item") as item:
+            if g.batch == 1:
+                bi, blk = i64(0), item
+                a_b, b_b = a, bm
+            else:
+                bi, blk = b.sdiv(item, i64(per)), b.srem(item, i64(per))
+                aoff = b.load(b.gep(offsets, [i64(0), mul(b, bi, i64(2))]))
+                boff = b.load(b.gep(offsets, [i64(0), add(b, mul(b, bi, i64(2)), i64(1))]))
+                a_b, b_b = gep(b, a, aoff), gep(b, bm, boff)
+            c_base = mul(b, bi, i64(g.m * g.n))
+            jc0, jc1 = (blk, add(b, blk, i64(1))) if s.par == "n" else (i64(0), i64(self.jb_count))
+            ic0, ic1 = (blk, add(b, blk, i64(1))) if s.par == "m" else (i64(0), i64(self.ib_count))
+            with for_range(b, jc0, jc1, name="jc") as jc:
+                p0 = mul(b, jc, i64(s.nc))
+                p1 = smin(b, add(b, p0, i64(s.nc)), i64(self.panels))
+                with for_range(b, i64(0), i64(self.kb_count), name="pb") as pb:
+                    pc = mul(b, pb, i64(s.kc))
+                    kl = smin(b, i64(s.kc), b.sub(i64(g.k), pc))
+                    first = b.icmp_signed("==", pb, i64(0))
+                    last = b.icmp_signed("==", pb, i64(self.kb_count - 1))
+                    with for_range(b, ic0, ic1, name="ic") as ic:
+                        t0 = mul(b, ic, i64(s.mc))
+                        t1 = smin(b, add(b, t0, i64(s.mc)), i64(self.tiles))
+                        if buf is not None:
+                            self._pack_a(b, a_b, buf, t0, t1, pc, kl)
+                        ctx = dict(a=a_b, buf=buf, bm=b_b, c=c, epi=epi, c_base=c_base, pc=pc, kl=kl,
+                                   first=first, last=last, t0=t0, micro=micro)
+                        outer, inner = ((p0, p1), (t0, t1)) if s.order == "jr_ir" else ((t0, t1), (p0, p1))
+                        with for_range(b, *outer, name="o") as o:
+                            with for_range(b, *inner, name="n") as n:
+                                p, t = (o, n) if s.order == "jr_ir" else (n, o)
+                                self._call(b, ctx, t, p)
+        b.ret_void()
+        return fn
+
+    def _offsets_table(self, mod: ir.Module) -> ir.GlobalVariable | None:
+        if self.g.batch == 1:
+            return None
+        flat = [v for pair in self.g.batch_offsets for v in pair]
+        ty = ir.ArrayType(I64, len(flat))
+        gv = ir.GlobalVariable(mod, ty, name="batch_offsets")
+        gv.global_constant = True
+        gv.linkage = "internal"
+        gv.initializer = ir.Constant(ty, flat)
+        return gv
+
+    def _pack_a(self, b: ir.IRBuilder, a: ir.Value, buf: ir.Value, t0, t1, pc, kl) -> None:
+        """buf[t - t0][kk][i] = A[t*mr + i, pc + kk], rows past M as zeros."""
+        g, s = self.g, self.s
+        with for_range(b, t0, t1, name="pt") as t:
+            row0 = mul(b, t, i64(s.mr))
+            dst = gep(b, buf, mul(b, b.sub(t, t0), i64(s.kc * s.mr)))
+            srcs, valid = [], []
+            for i in range(s.mr):
+                row = add(b, row0, i64(i))
+                valid.append(b.icmp_signed("<", row, i64(g.m)))
+                row = smin(b, row, i64(g.m - 1))
+                srcs.append(gep(b, a, add(b, mul(b, row, i64(self.ars)), mul(b, pc, i64(self.aks)))))
+            with for_range(b, i64(0), kl, name="pk") as kk:
+                koff = mul(b, kk, i64(self.aks))
+                drow = gep(b, dst, mul(b, kk, i64(s.mr)))
+                for i in range(s.mr):
+                    x = b.load(gep(b, srcs[i], koff))
+                    if s.mr * (self.tiles - 1) + i >= g.m:
+                        x = b.select(valid[i], x, ir.Constant(F32, 0.0))
+                    b.store(x, gep(b, drow, i64(i)))
+
+    def _call(self, b: ir.IRBuilder, ctx: dict, t: ir.Value, p: ir.Value) -> None:
+        g, s = self.g, self.s
+        row0 = mul(b, t, i64(s.mr))
+        col0 = mul(b, p, i64(s.nr))
+        rows = smin(b, i64(s.mr), b.sub(i64(g.m), row0))
+        cols = smin(b, i64(s.nr), b.sub(i64(g.n), col0))
+        if ctx["buf"] is not None:
+            aptr = gep(b, ctx["buf"], mul(b, b.sub(t, ctx["t0"]), i64(s.kc * s.mr)))
+        else:
+            aptr = gep(b, ctx["a"], add(b, mul(b, row0, i64(self.ars)), mul(b, ctx["pc"], i64(self.aks))))
+        if g.b_packed:
+            bptr = gep(b, ctx["bm"], add(b, mul(b, p, i64(g.k * s.nr)), mul(b, ctx["pc"], i64(s.nr))))
+        else:
+            bptr = gep(b, ctx["bm"], add(b, mul(b, ctx["pc"], i64(g.n)), col0))
+        c_off = add(b, ctx["c_base"], add(b, mul(b, row0, i64(g.n)), col0))
+        args = [aptr, bptr, ctx["c"], c_off, col0, ctx["kl"], ctx["first"], ctx["last"], rows, cols, *ctx["epi"]]
+        b.call(ctx["micro"], args)
+
+    def _micro_fn(self, mod: ir.Module) -> ir.Function:
+        """C tile (+)= A tile @ B micro-panel over one K block; epilogue and store on the last."""
+        g, s = self.g, self.s
+        vw, nv, mr = s.vw, s.nv, s.mr
+        argty = [F32P, F32P, F32P, I64, I64, I64, I1, I1, I64, I64] + [F32P] * self.n_epi
+        fn = ir.Function(mod, ir.FunctionType(ir.VoidType(), argty), name="micro")
+        fn.linkage = "internal"
+        a, bp, c, c_off, col0, kl, first, last, rows, cols, *epi = fn.args
+        for arg in (a, bp, c, *epi):
+            arg.add_attribute("noalias")
+        b = ir.IRBuilder(fn.append_basic_block("entry"))
+        vty = vec(vw)
+        edge_cols = g.n % s.nr != 0
+        edge_rows = g.m % mr != 0
+        col_mask = [self._mask(b, cols, j * vw, vw) if edge_cols else None for j in range(nv)]
+        row_ok = [b.icmp_signed("<", i64(i), rows) if (edge_rows and i) else None for i in range(mr)]
+        masks = [[_and_mask(b, col_mask[j], row_ok[i], vw) for j in range(nv)] for i in range(mr)]
+        cptr = gep(b, c, c_off)
+        crow = [gep(b, cptr, i64(i * g.n)) for i in range(mr)]
+        accs = [[b.alloca(vty) for _ in range(nv)] for _ in range(mr)]
+        zero = ir.Constant(vty, [0.0] * vw)
+        with b.if_else(first) as (then, other):
+            with then:
+                for i in range(mr):
+                    for j in range(nv):
+                        b.store(zero, accs[i][j])
+            with other:
+                for i in range(mr):
+                    for j in range(nv):
+                        b.store(load_vec(b, gep(b, crow[i], i64(j * vw)), vw, masks[i][j]), accs[i][j])
+        if s.pack_a:
+            arow = [gep(b, a, i64(i)) for i in range(mr)]
+            a_step = mr
+        else:
+            arow = [gep(b, a, mul(b, smin(b, i64(i), b.sub(rows, i64(1))), i64(self.ars))) for i in range(mr)]
+            a_step = self.aks
+        b_step = s.nr if g.b_packed else g.n
+
+        def step(kk: ir.Value) -> None:
+            brow = gep(b, bp, mul(b, kk, i64(b_step)))
+            bmask = col_mask if not g.b_packed else [None] * nv
+            bvec = [load_vec(b, gep(b, brow, i64(j * vw)), vw, bmask[j]) for j in range(nv)]
+            koff = mul(b, kk, i64(a_step))
+            for i in range(mr):
+                sv = splat(b, b.load(gep(b, arow[i], koff)), vw)
+                for j in range(nv):
+                    b.store(fma(b, sv, bvec[j], b.load(accs[i][j])), accs[i][j])
+
+        main_end = b.mul(b.udiv(kl, i64(s.uk)), i64(s.uk))
+        with for_range(b, i64(0), main_end, step=s.uk, name="k") as k0:
+            for u in range(s.uk):
+                step(add(b, k0, i64(u)))
+        if s.uk > 1:
+            with for_range(b, main_end, kl, name="kr") as kr:
+                step(kr)
+
+        def store(finish: bool) -> None:
+            for i in range(mr):
+                for j in range(nv):
+                    v = b.load(accs[i][j])
+                    if finish:
+                        v = self._finish(b, v, epi, c_off, col0, i, j, masks[i][j], col_mask[j])
+                    store_vec(b, v, gep(b, crow[i], i64(j * vw)), masks[i][j])
+
+        if self.kb_count == 1:
+            store(True)
+        else:
+            with b.if_else(last) as (then, other):
+                with then:
+                    store(True)
+                with other:
+                    store(False)
+        b.ret_void()
+        return fn
+
+    def _finish(self, b, v, epi, c_off, col0, i, j, mask, col_mask) -> ir.Value:
+        g, vw = self.g, self.s.vw
+        if g.alpha != 1.0:
+            v = b.fmul(v, ir.Constant(vec(vw), [g.alpha] * vw))
+        if not g.epilogue:
+            return v
+        slots = epilogue.operands(g.epilogue)
+
+        def load(slot: int) -> ir.Value:
+            if slots[slot].per_channel:
+                return load_vec(b, gep(b, epi[slot], add(b, col0, i64(j * vw))), vw, col_mask)
+            return load_vec(b, gep(b, epi[slot], add(b, c_off, i64(i * g.n + j * vw))), vw, mask)
+
+        return epilogue.emit(b, g.epilogue, v, load)
+
+    @staticmethod
+    def _mask(b: ir.IRBuilder, cols: ir.Value, first_lane: int, vw: int) -> ir.Value:
+        """Lanes `first_lane + l < cols` as an <vw x i1> mask."""
+        ity = ir.VectorType(I32, vw)
+        iota = ir.Constant(ity, [first_lane + lane for lane in range(vw)])
+        n = _splat_int(b, b.trunc(cols, I32), vw)
+        return b.icmp_signed("<", iota, n)
+
+
+def _splat_int(b: ir.IRBuilder, x: ir.Value, lanes: int) -> ir.Value:
+    ity = ir.VectorType(I32, lanes)
+    v = b.insert_element(ir.Constant(ity, ir.Undefined), x, ir.Constant(I32, 0))
+    return b.shuffle_vector(v, ir.Constant(ity, ir.Undefined), ir.Constant(ity, [0] * lanes))
+
+
+def _and_mask(b: ir.IRBuilder, cols: ir.Value | None, row_ok: ir.Value | None, vw: int) -> ir.Value | None:
+    if row_ok is None:
+        return cols
+    mty = ir.VectorType(I1, vw)
+    rows = b.select(row_ok, ir.Constant(mty, [1] * vw), ir.Constant(mty, [0] * vw))
+    return rows if cols is None else b.and_(cols, rows)
+
+
+def build_module(name: str, spec: GemmSpec, s: Schedule, triple: str, threads: int) -> ir.Module:
+    """The whole kernel: `tf_main` over the work items on `threads` threads, plus `tf_bench`."""
+    mod = ir.Module(name=name)
+    mod.triple = triple
+    add_harness(mod, emit_main(mod, emit_range(mod, spec, s), work_items(spec, s), threads))
+    return mod

@@ -1,0 +1,90 @@
+"""The schedule space of the GEMM family (knobs, validity rule with reasons) and its default.
+
+Knobs: register tile `mr` rows x `nv` vectors of `vw` lanes; cache blocks `kc` (K), `mc` row
+tiles (M) and `nc` panels (N) — BLIS's KC/MC/NC; `uk` unrolls the K loop; `order` puts panels
+or row tiles innermost; `pack_a` packs A per `mc x kc` block; `par` picks the axis whose blocks
+the threads split.
+"""
+
+from __future__ import annotations
+
+from schemas.config import Config
+from schemas.target import Target
+from stages.templates.gemm_codegen import PACK_A_LIMIT
+from stages.templates.space import ConfigSpace, Knob, Knobs
+
+MR = (1, 2, 3, 4, 5, 6, 7, 8, 10, 12, 14, 16)
+NV = (1, 2, 3, 4)
+VW = (4, 8, 16)
+KC = (16, 32, 64, 128, 192, 256, 384, 512)
+MC = (1, 2, 4, 8, 16, 32, 64)
+NC = (1, 2, 4, 8, 16, 32, 64)
+UK = (1, 2, 4, 8)
+ORDER = ("jr_ir", "ir_jr")
+PACK_A = (0, 1)
+PAR = ("n", "m")
+
+
+def gemm_space(m: int, n: int, k: int, target: Target) -> ConfigSpace:
+    regs, lanes = target.vector_registers, target.vector_lanes
+
+    def rule(c: Knobs) -> str | None:
+        mr, nv, vw, kc, mc, nc, uk = (int(c[x]) for x in ("mr", "nv", "vw", "kc", "mc", "nc", "uk"))
+        if vw > lanes:
+            return f"vw={vw} exceeds the target's {lanes} float lanes"
+        if mr * nv + nv + 1 > regs:
+            return f"an {mr}x{nv} register tile needs {mr * nv + nv + 1} vector registers, target has {regs}"
+        if mr > m:
+            return f"mr={mr} exceeds M={m}"
+        if (nv - 1) * vw >= n:
+            return f"nv={nv} vectors of {vw} leave a whole vector past N={n}"
+        if kc // 2 >= k and kc != KC[0]:
+            return f"kc={kc} is over twice K={k}"
+        if uk > kc:
+            return f"uk={uk} exceeds kc={kc}"
+        if mc > 1 and (mc // 2) * mr >= m:
+            return f"mc={mc} row tiles of {mr} cover M={m} more than twice"
+        if nc > 1 and (nc // 2) * nv * vw >= n:
+            return f"nc={nc} panels of {nv * vw} cover N={n} more than twice"
+        if int(c["pack_a"]) and mc * mr * kc * 4 > PACK_A_LIMIT:
+            return f"a packed A block of {mc}x{mr} rows x {kc} is {mc * mr * kc * 4} bytes, over {PACK_A_LIMIT}"
+        if int(c["pack_a"]) and m <= mr:
+            return f"packing A does not pay when one row tile covers M={m}"
+        return None
+
+    knobs = (Knob("mr", MR), Knob("nv", NV), Knob("vw", VW), Knob("kc", KC), Knob("mc", MC), Knob("nc", NC),
+             Knob("uk", UK), Knob("order", ORDER), Knob("pack_a", PACK_A), Knob("par", PAR))
+    return ConfigSpace(knobs=knobs, rule=rule)
+
+
+def default_gemm(m: int, n: int, k: int, target: Target) -> Config:
+    """BLIS-like heuristic: widest vectors; a register tile that fills the register file (wide on N
+    when N allows); the A and B micro-panels together in 3/4 of L1 (sets kc); the packed A block
+    in half of L2 (mc); the B block in a quarter of L3 (nc); threads split M when it has blocks
+    enough, else N."""
+    sp = gemm_space(m, n, k, target)
+    vw = target.vector_lanes
+    while vw > VW[0] and vw // 2 >= n:
+        vw //= 2
+    nv = max(1, min(2, -(-n // vw)))
+    mr = max(r for r in MR if r * nv + nv + 1 <= target.vector_registers and r <= m)
+    nr = nv * vw
+    kc = _fit(KC, max(KC[0], target.l1_bytes * 3 // 4 // ((mr + nr) * 4)), k)
+    tiles, panels = -(-m // mr), -(-n // nr)
+    mc = _fit(MC, max(1, min(target.l2_bytes // 2, PACK_A_LIMIT) // (kc * 4 * mr)), tiles)
+    nc = _fit(NC, max(1, target.l3_bytes // 4 // (kc * 4 * nr)), panels)
+    par = "m" if -(-tiles // mc) >= 4 else "n"
+    knobs: Knobs = {"mr": mr, "nv": nv, "vw": vw, "kc": kc, "mc": mc, "nc": nc, "uk": 4, "order": "jr_ir",
+                    "pack_a": int(m > 4 * mr), "par": par}
+    for uk in (4, 2, 1):
+        knobs["uk"] = uk
+        if sp.reason(knobs) is None:
+            break
+    return sp.from_knobs(knobs)
+
+
+def _fit(choices: tuple[int, ...], want: int, extent: int) -> int:
+    """The largest choice <= want, but no larger than needed to cover `extent`."""
+    fitting = [c for c in choices if c <= want] or [choices[0]]
+    covering = [c for c in choices if c >= extent]
+    return min(max(fitting), min(covering)) if covering else max(fitting)

@@ -1,0 +1,151 @@
+"""GEMM-family templates (matmul, dense, batch matmul): real LLVM compiles run against numpy.
+
+Property tests draw odd and tiny shapes, epilogue chains and random valid configs; the rest
+pins the spaces (size, reasons), threads, cross-target emission and the CLI's task parsing.
+"""
+
+from __future__ import annotations
+
+import random
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from schemas.target import Target, preset
+from schemas.task import EpilogueOp, TuningTask
+from stages.codegen.compile import compile_ir
+from stages.codegen.jit import LoadedKernel
+from stages.measure.check import compare
+from stages.templates import TEMPLATES, batch_matmul, dense, matmul
+from stages.templates.space import InvalidConfig
+
+HOST = Target.host()
+
+_OPS = st.sampled_from([
+    EpilogueOp(kind="bias"), EpilogueOp(kind="scale_shift"), EpilogueOp(kind="relu"),
+    EpilogueOp(kind="clip", attrs={"min": 0.0, "max": 6.0}), EpilogueOp(kind="leaky_relu", attrs={"alpha": 0.2}),
+    EpilogueOp(kind="sigmoid"), EpilogueOp(kind="tanh"), EpilogueOp(kind="gelu"), EpilogueOp(kind="residual_add"),
+])
+_CHAINS = st.lists(_OPS, max_size=3).map(tuple)
+_DIM = st.one_of(st.integers(1, 4), st.integers(5, 40))
+
+
+def _run(task: TuningTask, knobs: dict | None = None, threads: int = 1, seed: int = 0) -> tuple[bool, float]:
+    tpl = TEMPLATES[task.op]
+    knobs = tpl.default_config(task, HOST).knobs if knobs is None else knobs
+    inputs = tpl.make_inputs(task, seed=seed)
+    args = tpl.kernel_args(task, knobs, inputs)
+    args[-1][...] = np.nan
+    LoadedKernel(compile_ir(tpl.build_ir(task, knobs, HOST, threads), HOST).data, HOST)(args)
+    return compare(args[-1], tpl.reference(task, inputs), tpl.dims(task)[2])
+
+
+def _random_valid(task: TuningTask, seed: int) -> dict:
+    sp = TEMPLATES[task.op].space(task, HOST)
+    rnd = random.Random(seed)
+    while True:
+        knobs = sp.knobs_at(rnd.randrange(sp.size))
+        if sp.reason(knobs) is None:
+            return knobs
+
+
+@settings(max_examples=12, deadline=None)
+@given(m=_DIM, n=_DIM, k=_DIM, chain=_CHAINS, seed=st.integers(0, 2**16), threads=st.sampled_from([1, 2]))
+def test_matmul_random_configs_match_numpy(m, n, k, chain, seed, threads):
+    task = matmul.task(m, n, k, chain)
+    assert _run(task, _random_valid(task, seed), threads)[0]
+
+
+@settings(max_examples=12, deadline=None)
+@given(m=_DIM, n=_DIM, k=_DIM, chain=_CHAINS, seed=st.integers(0, 2**16), trans_a=st.booleans(),
+       trans_b=st.booleans(), alpha=st.sampled_from([1.0, 0.5, -2.0]))
+def test_dense_random_configs_match_numpy(m, n, k, chain, seed, trans_a, trans_b, alpha):
+    task = dense.task(m, n, k, chain, trans_a=trans_a, trans_b=trans_b, alpha=alpha)
+    assert _run(task, _random_valid(task, seed))[0]
+
+
+_BATCH_SHAPES = st.sampled_from([
+    ((3,), (3,)), ((3,), (1,)), ((1,), (2,)), ((2, 3), (3,)), ((2, 1), (1, 2)), ((), (2,))])
+
+
+@settings(max_examples=12, deadline=None)
+@given(m=_DIM, n=_DIM, k=_DIM, chain=_CHAINS, seed=st.integers(0, 2**16), batch=_BATCH_SHAPES,
+       threads=st.sampled_from([1, 2]))
+def test_batch_matmul_broadcasting_matches_numpy(m, n, k, chain, seed, batch, threads):
+    task = batch_matmul.task((*batch[0], m, k), (*batch[1], k, n), chain)
+    assert _run(task, _random_valid(task, seed), threads)[0]
+
+
+@pytest.mark.parametrize("m,n,k", [(1, 1000, 768), (3, 17, 1024), (197, 1000, 17), (17, 3072, 3)])
+def test_dense_default_schedule_on_model_shapes(m, n, k):
+    task = dense.task(m, n, k, (EpilogueOp(kind="bias"), EpilogueOp(kind="relu")))
+    ok, err = _run(task)
+    assert ok, err
+
+
+def test_attention_batch_matmul_4d_default_two_threads():
+    task = batch_matmul.task((2, 12, 33, 64), (12, 64, 33))
+    assert task.outputs[0].shape == (2, 12, 33, 33)
+    assert _run(task, threads=2)[0]
+
+
+@pytest.mark.parametrize("par", ["m", "n"])
+@pytest.mark.parametrize("order", ["jr_ir", "ir_jr"])
+def test_both_parallel_axes_and_orders_with_blocking_edges(par, order):
+    task = matmul.task(101, 77, 300, (EpilogueOp(kind="bias"),))
+    knobs = {"mr": 6, "nv": 2, "vw": 8, "kc": 128, "mc": 4, "nc": 2, "uk": 4, "order": order, "pack_a": 1,
+             "par": par}
+    assert matmul.space(task, HOST).reason(knobs) is None
+    assert _run(task, knobs, threads=2)[0]
+
+
+@pytest.mark.parametrize("task", [matmul.task(1024, 1024, 1024), dense.task(128, 3072, 768),
+                                  batch_matmul.task((12, 128, 64), (12, 64, 128))], ids=lambda t: t.description)
+def test_large_spaces_hold_over_ten_thousand_valid_configs(task):
+    sp = TEMPLATES[task.op].space(task, HOST)
+    rnd = random.Random(0)
+    samples = 3000
+    valid = sum(sp.is_valid(rnd.randrange(sp.size)) for _ in range(samples))
+    assert valid / samples * sp.size > 3e4
+
+
+def test_invalid_configs_are_rejected_with_reasons():
+    task = matmul.task(64, 64, 64)
+    sp = matmul.space(task, HOST)
+    good = dict(matmul.default_config(task, HOST).knobs)
+    assert "vector registers" in sp.reason({**good, "mr": 16, "nv": 4, "vw": 4})
+    small = matmul.task(3, 64, 64)
+    assert "exceeds M=3" in matmul.space(small, HOST).reason({**good, "mr": 4, "pack_a": 0})
+    assert "does not pay" in matmul.space(small, HOST).reason({**good, "mr": 3, "mc": 1, "pack_a": 1})
+    with pytest.raises(InvalidConfig, match="not one of"):
+        sp.from_knobs({**good, "order": "k_first"})
+
+
+@pytest.mark.parametrize("name", ["x86-64-avx2", "aarch64"])
+@pytest.mark.parametrize("task", [dense.task(17, 100, 64, (EpilogueOp(kind="bias"), EpilogueOp(kind="gelu"))),
+                                  batch_matmul.task((2, 9, 16), (2, 16, 20), (EpilogueOp(kind="sigmoid"),))],
+                         ids=lambda t: t.op)
+def test_objects_emit_for_other_targets(name, task):
+    target = preset(name)
+    tpl = TEMPLATES[task.op]
+    knobs = tpl.default_config(task, target).knobs
+    assert int(knobs["vw"]) <= target.vector_lanes
+    obj = compile_ir(tpl.build_ir(task, knobs, target, threads=2), target)
+    assert obj.data[:4] == b"\x7fELF"
+    machine = int.from_bytes(obj.data[18:20], "little")
+    assert machine == (183 if name == "aarch64" else 62)
+
+
+def test_cli_tasks():
+    d = dense.task_from_cli({"m": 128, "n": 1024, "k": 1024, "epilogue": "bias,relu"})
+    assert d.inputs[1].shape == (1024, 1024) and [e.kind for e in d.epilogue] == ["bias", "relu"]
+    assert d.inputs[2].shape == (1024,)
+    bm = batch_matmul.task_from_cli({"b": 12, "m": 128, "n": 64, "k": 128})
+    assert bm.outputs[0].shape == (12, 128, 64) and bm.flops == 2 * 12 * 128 * 64 * 128
+    with pytest.raises(ValueError, match="--b"):
+        batch_matmul.task_from_cli({"m": 1, "n": 1, "k": 1})
+    with pytest.raises(ValueError, match="do not broadcast"):
+        batch_matmul.task((2, 3, 4), (3, 4, 5))
+    assert "batch_matmul" in TEMPLATES and "dense" in TEMPLATES
