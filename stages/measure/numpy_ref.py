@@ -35,4 +35,8 @@ def blas_kernel() -> str:
 def _numpy_fn(task: TuningTask):
     if task.op in ("matmul", "dense", "batch_matmul"):
         return lambda xs: np.matmul(xs[0], xs[1])
+    if task.op == "conv2d":
+        from stages.templates.conv2d_shape import numpy_conv
+
+        return lambda xs: numpy_conv(task, xs)
     raise ValueError(f"no numpy reference for op {task.op!r}")

@@ -31,7 +31,7 @@ RH = (1, 2, 3, 4)
 ICB = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)
 ORDER = ("chw", "hwc")
 UNROLL = (0, 1, 2)  # kernel window loops unrolled: none, kw, kh and kw
-UK = (1, 2, 4)
+UK = (1, 2, 3, 4)
 OCN = (1, 2, 4, 8, 16, 32, 64)
 PAR = ("oc", "oh")
 
@@ -101,30 +101,30 @@ def space(task: TuningTask, target: Target) -> ConfigSpace:
 
 
 def default_config(task: TuningTask, target: Target) -> Config:
-    """Fill the register file with a tile whose width wastes the fewest lanes, keep the input slab
-    of one column tile in half of L1 and the weights of a channel block in half of L2; the
-    parallel axis is whichever has more items."""
+    """Widest vectors; the tile (`mr` channels x `rh*nw` vectors) that wastes the fewest lanes on the
+    output width, holds about 24 accumulators and balances broadcasts against loads; the input slab
+    of one column tile in half of L1, the weights of a channel block in half of L2; the parallel
+    axis is whichever has more items."""
     g = geom(task)
     sp = space(task, target)
-    regs = target.vector_registers
+    regs, lanes = target.vector_registers, target.vector_lanes
     out_h, out_w = (1, g.oh * g.ow) if g.is_1x1_gemm else (g.oh, g.ow)
     best: tuple | None = None
-    for vw in (v for v in VW if v <= target.vector_lanes):
-        for nw in NW:
+    for vw in (v for v in VW if v in (lanes, lanes // 2)):
+        for nw in (n for n in NW if (n - 1) * vw < out_w):
             for rh in (r for r in RH if r <= out_h):
-                cols = -(-out_w // (nw * vw)) * nw * vw
-                rows = -(-out_h // rh) * rh
                 nv = rh * nw
                 mrs = [m for m in MR if m * nv + nv + 1 <= regs and m <= g.oc
                        and (g.groups == 1 or g.ocg % m == 0 or m % g.ocg == 0)]
-                if not mrs or (nw - 1) * vw >= out_w:
+                if not mrs:
                     continue
                 mr = max(mrs)
-                eff = out_w * out_h / (cols * rows) * min(1.0, mr * nv / 24)
-                score = (round(eff, 2), mr * nv, vw)
+                lane_eff = out_w * out_h / (-(-out_w // (nw * vw)) * nw * vw * -(-out_h // rh) * rh)
+                fill = min(1.0, mr * nv / 24)
+                score = (round(lane_eff * fill, 2), -abs(mr - nv), nw, vw)
                 if best is None or score > best[0]:
                     best = (score, vw, nw, rh, mr)
-    assert best is not None
+    assert best is not None, f"no register tile fits {task.description}"
     _, vw, nw, rh, mr = best
     window_in = ((rh - 1) * g.sh + (g.kh - 1) * g.dh + 1) * (nw * vw * g.sw + (g.kw - 1) * g.dw)
     icb = _fit(ICB, max(1, target.l1_bytes // 2 // (4 * window_in)), g.icg)
@@ -133,7 +133,7 @@ def default_config(task: TuningTask, target: Target) -> Config:
     par = "oc" if -(-tiles // ocn) >= -(-out_h // rh) else "oh"
     knobs: Knobs = {"vw": vw, "mr": mr, "nw": nw, "rh": rh, "icb": icb, "order": "chw", "unroll": 1, "uk": 1,
                     "ocn": ocn, "par": par}
-    for unroll, uk in ((2, 1), (1, 1), (0, 2), (0, 1)):
+    for unroll, uk in ((1, 1), (2, 1), (0, 1), (0, 2), (0, 4)):
         knobs.update(unroll=unroll, uk=uk)
         if sp.reason(knobs) is None:
             break

@@ -15,6 +15,8 @@ input vectors; a tile spanning whole groups (depthwise) loads each group's own i
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 from llvmlite import ir
@@ -140,6 +142,19 @@ def build(mod: ir.Module, p: Plan, ops: tuple[EpilogueOp, ...], threads: int) ->
     return main
 
 
+@contextmanager
+def _loop(b: ir.IRBuilder, start: ir.Value, stop: ir.Value, step: int = 1, name: str = "i") -> Iterator[ir.Value]:
+    """`for_range` that LLVM must not unroll: unrolling is the schedule's decision (knobs `unroll`,
+    `uk`), and LLVM fully unrolling small constant trip counts around an inlined micro-kernel
+    multiplies code size (and compile time) without a knob to undo it."""
+    with for_range(b, start, stop, step, name) as idx:
+        yield idx
+    mod = b.module
+    loop_id = mod.add_metadata([ir.MetaDataString(mod, f"tf.loop.{len(mod.metadata)}")])
+    loop_id.operands = (loop_id, mod.add_metadata([ir.MetaDataString(mod, "llvm.loop.unroll.disable")]))
+    idx.incomings[-1][1].terminator.set_metadata("llvm.loop", loop_id)
+
+
 def _outer(p: Plan) -> int:
     """Parallel items per image: blocks of `ocn` channel tiles, or row tiles."""
     if p.par == "oc":
@@ -206,16 +221,16 @@ class _Conv:
         x = ptrs[0] if p.flat else ptrs[-2]
         self.b, self.x, self.w, self.epi, self.y = b, x, ptrs[1], ptrs[2:2 + self.n_epi], ptrs[-1]
         outer = _outer(p)
-        with for_range(b, fn.args[1], fn.args[2], name="item") as item:
+        with _loop(b, fn.args[1], fn.args[2], name="item") as item:
             n = b.udiv(item, i64(outer))
             o = b.urem(item, i64(outer))
             if p.par == "oc":
-                with for_range(b, i64(0), i64(p.ic_blocks), name="icb") as kb:
-                    with for_range(b, i64(0), i64(self.h_tiles), name="ht") as ht:
+                with _loop(b, i64(0), i64(p.ic_blocks), name="icb") as kb:
+                    with _loop(b, i64(0), i64(self.h_tiles), name="ht") as ht:
                         self._w_loop(n, o, kb, ht)
             else:
-                with for_range(b, i64(0), i64(-(-p.tiles // p.ocn)), name="ob") as ob:
-                    with for_range(b, i64(0), i64(p.ic_blocks), name="icb") as kb:
+                with _loop(b, i64(0), i64(-(-p.tiles // p.ocn)), name="ob") as ob:
+                    with _loop(b, i64(0), i64(p.ic_blocks), name="icb") as kb:
                         self._w_loop(n, ob, kb, o)
         b.ret_void()
         return fn
@@ -224,8 +239,8 @@ class _Conv:
         p, b = self.p, self.b
         t0 = mul(b, ob, i64(p.ocn))
         t1 = smin(b, add(b, t0, i64(p.ocn)), i64(p.tiles))
-        with for_range(b, i64(0), i64(self.w_tiles), name="wt") as wt:
-            with for_range(b, t0, t1, name="t") as t:
+        with _loop(b, i64(0), i64(self.w_tiles), name="wt") as wt:
+            with _loop(b, t0, t1, name="t") as t:
                 self._dispatch(n, t, kb, ht, wt)
 
     def _edge(self, idx: ir.Value, count: int, full: int, extent: int) -> ir.Value:
@@ -349,11 +364,11 @@ class _Micro:
 
         def channels(body) -> None:
             main_end = b.mul(b.udiv(nc, i64(p.uk)), i64(p.uk))
-            with for_range(b, i64(0), main_end, step=p.uk, name="c") as c0:
+            with _loop(b, i64(0), main_end, step=p.uk, name="c") as c0:
                 for u in range(p.uk):
                     body(add(b, c0, i64(u)))
             if p.uk > 1:
-                with for_range(b, main_end, nc, name="cr") as cr:
+                with _loop(b, main_end, nc, name="cr") as cr:
                     body(cr)
 
         def columns(body, kh: ir.Value) -> None:
@@ -361,7 +376,7 @@ class _Micro:
                 for kw in range(g.kw):
                     body(kh, i64(kw))
             else:
-                with for_range(b, i64(0), i64(g.kw), name="kw") as kw:
+                with _loop(b, i64(0), i64(g.kw), name="kw") as kw:
                     body(kh, kw)
 
         def window(body) -> None:
@@ -369,7 +384,7 @@ class _Micro:
                 for kh in range(g.kh):
                     columns(body, i64(kh))
             else:
-                with for_range(b, i64(0), i64(g.kh), name="kh") as kh:
+                with _loop(b, i64(0), i64(g.kh), name="kh") as kh:
                     columns(body, kh)
 
         if p.order == "chw":

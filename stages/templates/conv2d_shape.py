@@ -137,3 +137,20 @@ def reference(task: TuningTask, inputs: list[np.ndarray]) -> np.ndarray:
             out += np.einsum("ngchw,goc->ngohw", patch, wg[..., i, j])
     y = out.reshape(g.n, g.oc, g.oh, g.ow)
     return epilogue.apply_reference(task.epilogue, y, inputs[2:], channel_axis=1)
+
+
+def numpy_conv(task: TuningTask, inputs: list[np.ndarray]) -> np.ndarray:
+    """What numpy alone does for this conv (float32 im2col + one BLAS matmul per group, no epilogue):
+    the "numpy" speed the tuning report prints next to the tuned kernel."""
+    g = geom(task)
+    x, w = inputs[:2]
+    xp = np.pad(x, ((0, 0), (0, 0), (g.pt, g.pb), (g.pl, g.pr))).reshape(
+        g.n, g.groups, g.icg, g.h + g.pt + g.pb, g.w + g.pl + g.pr)
+    cols = np.empty((g.n, g.groups, g.icg, g.kh, g.kw, g.oh, g.ow), dtype=np.float32)
+    for i in range(g.kh):
+        for j in range(g.kw):
+            y0, x0 = i * g.dh, j * g.dw
+            cols[:, :, :, i, j] = xp[..., y0: y0 + g.sh * (g.oh - 1) + 1: g.sh, x0: x0 + g.sw * (g.ow - 1) + 1: g.sw]
+    cols = cols.reshape(g.n, g.groups, g.icg * g.kh * g.kw, g.oh * g.ow)
+    out = np.matmul(w.reshape(g.groups, g.ocg, -1), cols)
+    return out.reshape(g.n, g.oc, g.oh, g.ow)

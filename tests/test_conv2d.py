@@ -1,0 +1,189 @@
+"""conv2d template: real LLVM compiles of random shapes and random valid schedules vs the numpy
+reference, the onnx package's pytorch-converted Conv2d backend tests, spaces, defaults and the CLI."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from onnx import numpy_helper
+
+from schemas.target import Target, preset
+from schemas.task import EpilogueOp, parse_epilogue
+from stages.codegen.compile import compile_ir
+from stages.codegen.jit import LoadedKernel
+from stages.measure.check import compare, reduction_size
+from stages.templates import conv2d
+from stages.templates.conv2d_shape import numpy_conv
+
+HOST = Target.host()
+ONNX_DATA = Path(onnx.__file__).parent / "backend" / "test" / "data" / "pytorch-converted"
+CHAINS = ["", "bias", "bias,relu", "scale_shift,clip:0:6", "bias,residual_add,relu", "leaky_relu:0.1",
+          "sigmoid", "bias,tanh"]
+
+
+def run(task, knobs, inputs, threads: int = 1) -> np.ndarray:
+    kernel = LoadedKernel(compile_ir(conv2d.build_ir(task, knobs, HOST, threads), HOST).data, HOST)
+    args = conv2d.kernel_args(task, knobs, inputs)
+    kernel(args)
+    return args[-1]
+
+
+def assert_matches(task, out: np.ndarray, ref: np.ndarray) -> None:
+    ok, err = compare(out, ref, reduction_size(task))
+    assert ok, f"{task.description} {task.attrs}: max abs error {err:.3g}"
+
+
+@st.composite
+def conv_cases(draw):
+    groups = draw(st.sampled_from([1, 1, 2, 3, "dw"]))
+    icg = 1 if groups == "dw" else draw(st.integers(1, 6))
+    ocg = draw(st.sampled_from([1, 2])) if groups == "dw" else draw(st.integers(1, 9))
+    g = draw(st.integers(2, 7)) if groups == "dw" else groups
+    kh, kw = draw(st.sampled_from([1, 2, 3, 5, 7])), draw(st.sampled_from([1, 3, 5]))
+    sh, sw = draw(st.integers(1, 3)), draw(st.integers(1, 3))
+    dh, dw = draw(st.integers(1, 2)), draw(st.integers(1, 2))
+    pads = tuple(draw(st.integers(0, 3)) for _ in range(4))
+    h = draw(st.integers(max(1, dh * (kh - 1) + 1 - pads[0] - pads[2]), 12))
+    w = draw(st.integers(max(1, dw * (kw - 1) + 1 - pads[1] - pads[3]), 40))
+    n = draw(st.integers(1, 2))
+    chain = parse_epilogue(draw(st.sampled_from(CHAINS)))
+    task = conv2d.conv2d_task((n, g * icg, h, w), (g * ocg, icg, kh, kw), (sh, sw), pads, (dh, dw), g, chain)
+    space = conv2d.space(task, HOST)
+    for _ in range(400):
+        knobs = space.knobs_at(draw(st.integers(0, space.size - 1)))
+        if space.reason(knobs) is None:
+            return task, knobs, draw(st.integers(1, 2))
+    return task, conv2d.default_config(task, HOST).knobs, 1
+
+
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(conv_cases())
+def test_random_shapes_and_schedules_match_numpy(case):
+    task, knobs, threads = case
+    inputs = conv2d.make_inputs(task, seed=1)
+    assert_matches(task, run(task, knobs, inputs, threads), conv2d.reference(task, inputs))
+
+
+def _onnx_case(path: Path):
+    model = onnx.load(str(path / "model.onnx"))
+    (node,) = model.graph.node
+    attrs = {a.name: onnx.helper.get_attribute_value(a) for a in node.attribute}
+    inits = {t.name: numpy_helper.to_array(t) for t in model.graph.initializer}
+    data = path / "test_data_set_0"
+    feeds = [numpy_helper.to_array(onnx.load_tensor(str(p))) for p in sorted(data.glob("input_*.pb"))]
+    expected = numpy_helper.to_array(onnx.load_tensor(str(data / "output_0.pb")))
+    x, w, *bias = [inits[name] if name in inits else feeds.pop(0) for name in node.input]
+    task = conv2d.conv2d_task(x.shape, w.shape, tuple(attrs.get("strides", (1, 1))),
+                              tuple(attrs.get("pads", (0, 0, 0, 0))), tuple(attrs.get("dilations", (1, 1))),
+                              attrs.get("group", 1), (EpilogueOp(kind="bias"),) if bias else ())
+    return task, [x, w, *bias], expected
+
+
+ONNX_CASES = sorted(p.name for p in ONNX_DATA.glob("test_Conv2d*"))
+
+
+def test_the_onnx_package_ships_the_conv2d_backend_tests():
+    assert {"test_Conv2d", "test_Conv2d_depthwise", "test_Conv2d_dilated", "test_Conv2d_groups",
+            "test_Conv2d_strided", "test_Conv2d_padding"} <= set(ONNX_CASES)
+
+
+@pytest.mark.parametrize("name", ONNX_CASES)
+def test_onnx_backend_conv2d_data_as_single_op_graphs(name):
+    task, inputs, expected = _onnx_case(ONNX_DATA / name)
+    out = run(task, conv2d.default_config(task, HOST).knobs, inputs, threads=2)
+    assert_matches(task, out, expected)
+
+
+RESNET_LIKE = [((1, 64, 56, 56), (64, 64, 3, 3), 1, 1, 1), ((1, 256, 14, 14), (1024, 256, 1, 1), 1, 0, 1),
+               ((1, 3, 224, 224), (64, 3, 7, 7), 2, 3, 1), ((1, 32, 112, 112), (32, 1, 3, 3), 1, 1, 32),
+               ((1, 128, 56, 56), (128, 128, 3, 3), 2, 1, 1), ((8, 512, 7, 7), (512, 512, 3, 3), 1, 1, 1)]
+
+
+@pytest.mark.parametrize("layer", RESNET_LIKE)
+def test_default_schedules_are_valid_and_fill_the_registers(layer):
+    x, w, s, p, g = layer
+    task = conv2d.conv2d_task(x, w, (s, s), (p,) * 4, (1, 1), g)
+    for target in (HOST, preset("x86-64-avx2")):
+        knobs = conv2d.default_config(task, target).knobs
+        assert conv2d.space(task, target).reason(knobs) is None
+        assert knobs["vw"] in (target.vector_lanes, target.vector_lanes // 2)
+        accumulators = knobs["mr"] * knobs["rh"] * knobs["nw"]
+        assert accumulators >= target.vector_registers // 2
+
+
+def test_a_default_schedule_runs_a_batched_resnet_block_correctly():
+    task = conv2d.conv2d_task((2, 32, 14, 14), (48, 32, 3, 3), (1, 1), (1, 1, 1, 1), (1, 1), 1,
+                              parse_epilogue("scale_shift,residual_add,relu"))
+    inputs = conv2d.make_inputs(task)
+    assert_matches(task, run(task, conv2d.default_config(task, HOST).knobs, inputs, 2),
+                   conv2d.reference(task, inputs))
+
+
+def test_invalid_schedules_are_rejected_with_reasons():
+    task = conv2d.conv2d_task((1, 8, 10, 10), (12, 2, 3, 3), (1, 1), (1, 1, 1, 1), (1, 1), 4)
+    space = conv2d.space(task, preset("x86-64-avx2"))
+    base = dict(conv2d.default_config(task, preset("x86-64-avx2")).knobs)
+    assert "lanes" in space.reason({**base, "vw": 16})
+    assert "vector registers" in space.reason({**base, "mr": 16, "nw": 2, "rh": 2})
+    assert "per group" in space.reason({**base, "mr": 2})  # 3 output channels per group
+    assert "input channels per group" in space.reason({**base, "icb": 8})
+
+
+def test_the_1x1_path_reads_the_image_in_place_and_other_convs_pack_it():
+    gemm = conv2d.conv2d_task((1, 16, 7, 7), (32, 16, 1, 1))
+    knobs = conv2d.default_config(gemm, HOST).knobs
+    assert len(conv2d.kernel_args(gemm, knobs, conv2d.make_inputs(gemm))) == 3  # X, W panels, Y
+    padded = conv2d.conv2d_task((1, 16, 7, 7), (32, 16, 1, 1), pads=(1, 1, 1, 1))
+    args = conv2d.kernel_args(padded, conv2d.default_config(padded, HOST).knobs, conv2d.make_inputs(padded))
+    assert len(args) == 4 and args[2].size >= 16 * 9 * 9
+
+
+def test_weights_are_packed_once_into_tile_panels():
+    task = conv2d.conv2d_task((1, 5, 6, 6), (7, 5, 3, 3))
+    w = conv2d.make_inputs(task)[1]
+    for order in ("chw", "hwc"):
+        knobs = {**conv2d.default_config(task, HOST).knobs, "mr": 4, "icb": 2, "order": order}
+        packed = conv2d.kernel_args(task, knobs, conv2d.make_inputs(task))[1]
+        if order == "chw":
+            assert packed.shape == (2, 5, 3, 3, 4)  # OIHW[4]o, output channels zero-padded to 8
+            assert packed[1, 2, 0, 1, 2] == w[6, 2, 0, 1] and packed[1, :, :, :, 3].sum() == 0
+        else:
+            assert packed.shape == (2, 3, 3, 3, 2, 4)  # OIHW[2]i[4]o, input channels padded to 6
+            assert packed[1, 1, 0, 1, 0, 2] == w[6, 2, 0, 1]
+
+
+def test_compiles_for_an_avx2_machine():
+    task = conv2d.conv2d_task((1, 16, 14, 14), (32, 16, 3, 3), pads=(1, 1, 1, 1),
+                              epilogue_ops=parse_epilogue("bias,relu"))
+    avx2 = preset("x86-64-avx2")
+    obj = compile_ir(conv2d.build_ir(task, conv2d.default_config(task, avx2).knobs, avx2, 2), avx2)
+    assert obj.data[:4] == b"\x7fELF"
+
+
+def test_numpy_conv_is_the_same_convolution():
+    task = conv2d.conv2d_task((2, 6, 9, 11), (6, 2, 3, 2), (2, 1), (1, 0, 2, 1), (2, 1), 3)
+    inputs = conv2d.make_inputs(task)
+    np.testing.assert_allclose(numpy_conv(task, inputs), conv2d.reference(task, inputs), atol=1e-5)
+
+
+def test_cli_options_make_the_task():
+    task = conv2d.task_from_cli({"input": "1x64x56x56", "weight": "64x64x3x3", "stride": "1", "pad": "1",
+                                 "groups": 1, "epilogue": "bias,relu"})
+    assert task.attrs == {"strides": (1, 1), "pads": (1, 1, 1, 1), "dilations": (1, 1), "group": 1}
+    assert task.outputs[0].shape == (1, 64, 56, 56) and [e.kind for e in task.epilogue] == ["bias", "relu"]
+    assert task.inputs[2].shape == (64,)
+    task = conv2d.task_from_cli({"input": "1x4x9x9", "weight": "4x1x3x3", "stride": "2x1", "pad": "0,1,2,1",
+                                 "dilation": "2", "groups": 4})
+    assert task.attrs["pads"] == (0, 1, 2, 1) and task.attrs["strides"] == (2, 1)
+    assert task.outputs[0].shape == (1, 4, 4, 7)
+    with pytest.raises(ValueError, match="--weight"):
+        conv2d.task_from_cli({"input": "1x4x9x9"})
+    with pytest.raises(ValueError, match="group"):
+        conv2d.task_from_cli({"input": "1x4x9x9", "weight": "4x3x3x3", "groups": 2})
+    with pytest.raises(ValueError, match="does not fit"):
+        conv2d.task_from_cli({"input": "1x4x2x2", "weight": "4x4x5x5"})
