@@ -14,8 +14,8 @@ def test_tune_op_flow_runs_on_prefect_and_writes_the_log(prefect_server, tmp_pat
 
     from flows.tune_op import tune_op
 
-    options = TuningOptions(n_trials=6, batch_size=3, measure=MeasureOptions(number=1, repeat=2, min_repeat_ms=1,
-                                                                             n_parallel=1))
+    options = TuningOptions(n_trials=6, batch_size=3, top_k_remeasure=0,
+                            measure=MeasureOptions(number=1, repeat=2, min_repeat_ms=1, n_parallel=1))
     result = tune_op(TASK, "host", options, str(tmp_path / "log"), progress=False)
     records = TuningLog(tmp_path / "log").records()
     assert result["trials"] == len(records) == 6
@@ -53,8 +53,8 @@ def test_dask_task_runner_builds_each_candidate_as_a_task_run(prefect_server, tm
     from flows.tune_op import tune_op
 
     task = matmul_task(8, 16, 8)
-    options = TuningOptions(n_trials=4, batch_size=4, measure=MeasureOptions(number=1, repeat=2, min_repeat_ms=1,
-                                                                             n_parallel=1))
+    options = TuningOptions(n_trials=4, batch_size=4, top_k_remeasure=0,
+                            measure=MeasureOptions(number=1, repeat=2, min_repeat_ms=1, n_parallel=1))
     flow = tune_op.with_options(task_runner=make_task_runner("dask"))
     result = flow(task, "host", options, str(tmp_path / "log"), progress=False, distributed_builds=True)
     assert result["trials"] == 4 and len(TuningLog(tmp_path / "log").records()) == 4

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import socket
@@ -198,3 +199,21 @@ def test_a_job_no_device_takes_is_an_error(host):
     state.reap()
     assert state.jobs[jid].result.error_no == MeasureErrorNo.run_timeout
     assert "no device under key 'nobody'" in state.jobs[jid].result.error_msg
+
+
+def test_tune_op_over_rpc_from_the_command_line(cluster, tmp_path):
+    from stages.log import TuningLog
+
+    args = [sys.executable, "-m", "tunaflow", "tune-op", "matmul", "--m", "32", "--n", "32", "--k", "32",
+            "--trials", "4", "--batch-size", "4", "--tuner", "random", "--no-prefect", "--json",
+            "--log", str(tmp_path / "log"), "--runner", "rpc", "--tracker", f"127.0.0.1:{cluster.port}"]
+    run = subprocess.run([*args, "--key", "dev", "--remeasure-top-k", "2"], cwd=ROOT, capture_output=True,
+                         text=True, timeout=300, env=cluster.env)
+    assert run.returncode == 0, run.stderr
+    report = json.loads(run.stdout)
+    assert report["trials"] == 4 and report["best_gflops"] > 0
+    records = TuningLog(tmp_path / "log").records()
+    assert sorted(r.tuner for r in records) == ["random"] * 4 + ["remeasure"] * 2
+    nobody = subprocess.run([*args, "--key", "nobody"], cwd=ROOT, capture_output=True, text=True, timeout=120,
+                            env=cluster.env)
+    assert nobody.returncode == 2 and "no device under key 'nobody'" in nobody.stderr

@@ -113,3 +113,39 @@ def _url(addr: str) -> str:
     if not sep or not host or not port.isdigit():
         raise ValueError(f"tracker address {addr!r} is not HOST:PORT")
     return f"http://{host}:{int(port)}"
+
+
+RunnerKind = Annotated[str, typer.Option("--runner", help="where candidates are measured: local, or rpc (devices "
+                                                          "under --key at --tracker)")]
+DeviceKeyOpt = Annotated[str | None, typer.Option("--key", help="device key at the tracker (with --runner rpc)")]
+TrackerOpt = Annotated[str, typer.Option("--tracker", help="tracker HOST:PORT (with --runner rpc)")]
+
+
+def runner_choice(kind: str, key: str | None, tracker: str, token_file: Path | None, target, target_text: str):
+    """(RunnerSpec, target to compile for) for the tune commands; with rpc and target 'host', the target
+    the devices under the key registered with. ValueError says what is wrong."""
+    from schemas.options import RunnerSpec
+    from stages.rpc.client import RPCRunner, TrackerError
+
+    if kind not in ("local", "rpc"):
+        raise ValueError(f"unknown runner {kind!r}; use local or rpc")
+    if kind == "local":
+        if key:
+            raise ValueError("--key selects devices at a tracker: add --runner rpc")
+        return RunnerSpec(), target
+    host, port = _url(tracker).removeprefix("http://").rsplit(":", 1)
+    spec = RunnerSpec(kind="rpc", key=key or "", host=host, port=int(port),
+                      token_file=str(token_file) if token_file else None)
+    if target_text != "host":
+        return spec, target
+    from schemas import MeasureOptions
+
+    try:
+        with RPCRunner.from_spec(spec, MeasureOptions()) as runner:
+            device = runner.device_target()
+    except TrackerError as exc:
+        raise ValueError(str(exc)) from exc
+    if device is None:
+        raise ValueError(f"no device under key {spec.key!r} at {tracker}: start one with "
+                         f"`tunaflow runner serve --tracker {tracker} --key {spec.key}`, or give --target")
+    return spec, device.model_copy(update={"name": spec.key})

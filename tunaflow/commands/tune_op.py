@@ -8,6 +8,7 @@ from typing import Annotated
 
 import typer
 
+from tunaflow.commands.rpc import DeviceKeyOpt, RunnerKind, TokenFile, TrackerOpt, runner_choice
 from tunaflow.console import fail, out, prefect_env
 
 SHAPE_HELP = "operator shape options; each operator takes its own (see the README)"
@@ -38,6 +39,12 @@ def tune_op(
     seed: Annotated[int, typer.Option(help="seed of the search")] = 0,
     batch_size: Annotated[int, typer.Option(help="candidates built and measured per round")] = 16,
     target: Annotated[str, typer.Option(help="'host', a preset, or 'llvm -mtriple=... -mcpu=...'")] = "host",
+    runner: RunnerKind = "local",
+    key: DeviceKeyOpt = None,
+    tracker: TrackerOpt = "127.0.0.1:9190",
+    token_file: TokenFile = None,
+    remeasure_top_k: Annotated[int, typer.Option(help="re-measure this many best configs at the end and choose "
+                                                      "the best from that")] = 3,
     json_out: Annotated[bool, typer.Option("--json", help="print one JSON object at the end, for scripts")] = False,
     prefect: Annotated[bool, typer.Option("--prefect/--no-prefect",
                                           help="run as a Prefect flow (visible in the UI) or call the stages directly")]
@@ -67,12 +74,14 @@ def tune_op(
     try:
         task = template.task_from_cli(given)
         tgt = Target.parse(target)
+        spec, tgt = runner_choice(runner, key, tracker, token_file, tgt, target)
         missing = [str(p) for p in transfer_from or [] if not p.is_dir()]
         if missing:
             raise ValueError(f"--transfer-from: no tuning log at {', '.join(missing)}")
         options = TuningOptions(n_trials=trials, early_stopping=early_stopping, tuner=tuner, seed=seed,
                                 transfer_from=tuple(str(p) for p in transfer_from or []),
-                                batch_size=batch_size, measure=MeasureOptions(threads=threads))
+                                batch_size=batch_size, measure=MeasureOptions(threads=threads), runner=spec,
+                                top_k_remeasure=remeasure_top_k)
     except (ValidationError, TargetError, ValueError) as exc:
         raise fail(str(exc)) from exc
     if task_runner != "local" and not prefect:
