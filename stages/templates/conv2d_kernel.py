@@ -151,7 +151,8 @@ def _loop(b: ir.IRBuilder, start: ir.Value, stop: ir.Value, step: int = 1, name:
         yield idx
     mod = b.module
     loop_id = mod.add_metadata([ir.MetaDataString(mod, f"tf.loop.{len(mod.metadata)}")])
-    loop_id.operands = (loop_id, mod.add_metadata([ir.MetaDataString(mod, "llvm.loop.unroll.disable")]))
+    loop_id.operands = (loop_id, mod.add_metadata([ir.MetaDataString(mod, "llvm.loop.unroll.disable")]),
+                        mod.add_metadata([ir.MetaDataString(mod, "llvm.loop.vectorize.enable"), ir.Constant(I1, 0)]))
     idx.incomings[-1][1].terminator.set_metadata("llvm.loop", loop_id)
 
 
@@ -184,12 +185,12 @@ def _emit_pack(mod: ir.Module, p: Plan, ws_slot: int) -> ir.Function:
         with for_range(b, lo, hi, name=name) as q:
             b.store(zero, gep(b, base, q))
 
-    with for_range(b, fn.args[1], fn.args[2], name="plane") as pl:
+    with _loop(b, fn.args[1], fn.args[2], name="plane") as pl:
         src = gep(b, x, mul(b, pl, i64(g.h * g.w)))
         dst = gep(b, ws, mul(b, pl, i64(p.plane)))
         zero_fill(dst, i64(0), i64(g.pt * p.row_stride), "ztop")
         zero_fill(dst, i64((g.pt + g.h) * p.row_stride), i64(p.plane), "zbot")
-        with for_range(b, i64(0), i64(g.h), name="row") as r:
+        with _loop(b, i64(0), i64(g.h), name="row") as r:
             srow = gep(b, src, mul(b, r, i64(g.w)))
             drow = gep(b, dst, mul(b, add(b, r, i64(g.pt)), i64(p.row_stride)))
             for ph in range(g.sw):
@@ -197,7 +198,8 @@ def _emit_pack(mod: ir.Module, p: Plan, ws_slot: int) -> ir.Function:
                 hi = max(lo, min(p.wq, -(-(g.w + g.pl - ph) // g.sw)))
                 dph = gep(b, drow, i64(ph * p.wq))
                 zero_fill(dph, i64(0), i64(lo), "zl")
-                with for_range(b, i64(lo), i64(hi), name="cp") as q:
+                copy = for_range if g.sw == 1 else _loop  # unit stride becomes a memcpy; strided stays scalar
+                with copy(b, i64(lo), i64(hi), name="cp") as q:
                     col = add(b, mul(b, q, i64(g.sw)), i64(ph - g.pl))
                     b.store(b.load(gep(b, srow, col)), gep(b, dph, q))
                 zero_fill(dph, i64(hi), i64(p.wq), "zr")
