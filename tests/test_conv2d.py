@@ -3,6 +3,9 @@ reference, the onnx package's pytorch-converted Conv2d backend tests, spaces, de
 
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -187,3 +190,17 @@ def test_cli_options_make_the_task():
         conv2d.task_from_cli({"input": "1x4x9x9", "weight": "4x3x3x3", "groups": 2})
     with pytest.raises(ValueError, match="does not fit"):
         conv2d.task_from_cli({"input": "1x4x2x2", "weight": "4x4x5x5"})
+
+
+def test_tune_op_conv2d_cli_json(tmp_path):
+    """The issue's command line, on a small layer: real builds, real runs, a real log, JSON out."""
+    args = ["tune-op", "conv2d", "--input", "1x8x12x12", "--weight", "16x8x3x3", "--stride", "1", "--pad", "1",
+            "--groups", "1", "--epilogue", "bias,relu", "--log", str(tmp_path / "log"), "--no-prefect", "--json",
+            "--trials", "6", "--batch-size", "3", "--remeasure-top-k", "0"]
+    done = subprocess.run([sys.executable, "-m", "tunaflow", *args], cwd=Path(__file__).resolve().parent.parent,
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    out = json.loads(done.stdout)
+    assert out["trials"] == 6 and out["best_gflops"] > 0 and out["default_gflops"] > 0 and out["numpy_gflops"] > 0
+    assert out["task"] == "conv2d(1x8x12x12,16x8x3x3,16)+bias+relu"
+    assert {"mr", "nw", "vw", "icb"} <= set(out["best_config"])
