@@ -57,8 +57,11 @@ def record(name: str, n: int, seed: int) -> None:
 
 THRESHOLDS = (0.95, 0.99)
 TUNER_NAMES = ("random", "grid", "ga", "lgbm", "lgbm-rank")
-TRANSFER = {"matmul_512": ("matmul_384x640x256", "matmul_200x1000x300")}
-SCHEDULE_TASKS = {"matmul_512": 1, "matmul_384x640x256": 4, "matmul_200x1000x300": 2}
+MAIN = ("matmul_512", "dense_127x1000x777_bias_relu", "matmul_127x1000x777_bias_relu", "conv_1x64x56x56_k3")
+TRANSFER = {"matmul_512": ("matmul_384x640x256", "matmul_200x1000x300"),
+            "matmul_127x1000x777_bias_relu": ("matmul_512", "matmul_384x640x256", "matmul_200x1000x300")}
+SCHEDULE_TASKS = {"matmul_512": 1, "conv_1x64x56x56_k3": 4, "matmul_127x1000x777_bias_relu": 2,
+                  "matmul_384x640x256": 1, "matmul_200x1000x300": 3}
 
 
 def load(name: str):
@@ -101,9 +104,7 @@ def simulate_section(seeds: int, budget: int) -> tuple[list[str], dict]:
 
     target = Target.host()
     lines, evidence = [], {}
-    names = [n for n in SAMPLE_TASKS if n not in ("matmul_24x40x16", "matmul_20x36x12")
-             and n not in {s for src in TRANSFER.values() for s in src}]
-    for name in names:
+    for name in MAIN:
         sample = load(name)
         if sample is None:
             lines.append(f"- `{name}`: no recorded sample (not measured in this run)")

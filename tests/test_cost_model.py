@@ -1,0 +1,144 @@
+"""Cost model: features across shapes, LightGBM objectives, ranking metric, transfer learning."""
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from schemas import MeasureOptions, TuningOptions, matmul_task
+from schemas.task import TensorSpec, TuningTask
+from stages.cost_model.dataset import Rows, knob_columns, task_rows, transfer_rows
+from stages.cost_model.features import FEATURES, feature_names, featurize, generic_features
+from stages.cost_model.lgbm import LGBMModel, relevance
+from stages.cost_model.metrics import topk_recall
+from stages.cost_model.transfer import load_transfer
+from stages.log import TuningLog
+from stages.search import make_tuner
+from stages.search.base import TunerContext
+from stages.search.codec import SpaceCodec
+from stages.search.simulate import load_samples
+from stages.templates import template_for
+from stages.tune.session import TuningSession
+
+SAMPLES = Path(__file__).resolve().parents[1] / "data" / "samples"
+
+
+@pytest.fixture(scope="module")
+def small():
+    return load_samples(str(SAMPLES / "matmul_24x40x16"))[0]
+
+
+@pytest.fixture(scope="module")
+def other():
+    return load_samples(str(SAMPLES / "matmul_20x36x12"))[0]
+
+
+def random_rows(task, host, n=64, seed=0):
+    codec = SpaceCodec(template_for(task).space(task, host))
+    return codec.values(codec.random_valid(np.random.default_rng(seed), n, set()))
+
+
+@pytest.mark.parametrize("shape", [(127, 1000, 777), (1, 3, 5), (512, 512, 512)])
+def test_features_are_finite_and_line_up_across_odd_shapes(host, shape):
+    task = matmul_task(*shape)
+    values = random_rows(task, host)
+    x = featurize(task, host, 1, values)
+    names = feature_names(task, host, 1, values)
+    assert x.shape == (len(values["mr"]), len(names)) and np.isfinite(x).all()
+    assert names == feature_names(matmul_task(8, 8, 8), host, 2, random_rows(matmul_task(8, 8, 8), host, 4))
+
+
+def test_derived_features_have_the_loop_nest_values(host):
+    task = matmul_task(127, 1000, 777)
+    knobs = {"mr": 6, "nv": 2, "vw": 16, "kc": 256, "mc": 8, "nc": 4, "uk": 4, "order": "jr_ir", "pack_a": 1,
+             "par": "n"}
+    names = feature_names(task, host, 2, knob_columns([knobs]))
+    f = dict(zip(names, featurize(task, host, 2, knob_columns([knobs]))[0], strict=True))
+    assert f["nr"] == 32 and f["tile_elems"] == 192 and f["lane_use"] == 1.0
+    assert f["n_waste"] == pytest.approx((32 * 32 - 1000) / 1000)
+    assert f["m_tail"] == pytest.approx((127 - 21 * 6) / 127)
+    assert f["k_blocks"] == 4 and f["k_waste"] == pytest.approx((4 * 256 - 777) / 777)
+    assert f["b_panel_l1"] == pytest.approx(256 * 32 * 4 / host.l1_bytes)
+    assert f["unrolled_fmas"] == 6 * 2 * 4 and f["k_trips"] == 64
+    assert f["n_blocks"] == 8 and f["chunks_per_core"] == 4 and f["pack_a"] == 1
+
+
+def test_ops_without_a_feature_function_get_generic_features(host):
+    task = TuningTask(op="conv2d", inputs=(TensorSpec(shape=(1, 3, 7, 7)), TensorSpec(shape=(5, 3, 3, 3))),
+                      outputs=(TensorSpec(shape=(1, 5, 5, 5)),))
+    cols = knob_columns([{"oc_block": 16, "layout": "nchw16c"}, {"oc_block": 8, "layout": "nchw8c"}])
+    x = featurize(task, host, 1, cols) if "conv2d" not in FEATURES else None
+    out = generic_features(task, host, 1, cols)
+    assert set(out) == {"knob_oc_block", "knob_layout", "out_log", "in_log", "lane_frac"}
+    assert out["knob_oc_block"][0] > out["knob_oc_block"][1] and out["knob_layout"][0] != out["knob_layout"][1]
+    assert x is None or np.isfinite(x).all()
+
+
+def test_topk_recall_and_relevance_buckets():
+    actual = np.array([5.0, 4.0, 3.0, 2.0, 1.0])
+    assert topk_recall(actual, actual, 2) == 1.0
+    assert topk_recall(-actual, actual, 2) == 0.0
+    assert topk_recall(np.array([5.0, 1, 4, 2, 3]), actual, 2) == 0.5
+    assert relevance(np.array([0.0, 0.5, 1.0])).tolist() == [0, 15, 30]
+
+
+@pytest.fixture(scope="module")
+def big():
+    return load_samples(str(SAMPLES / "matmul_512"))[0]
+
+
+def _ranks(v):
+    return np.argsort(np.argsort(v))
+
+
+@pytest.mark.parametrize("objective", ["regression", "lambdarank"])
+def test_model_ranks_held_out_configs_of_a_recorded_sample(big, host, objective):
+    recs = list(big.records.values())
+    rows = task_rows(big.task, host, 1, [r.config.knobs for r in recs], np.array([r.gflops for r in recs]))
+    order = np.random.default_rng(0).permutation(len(recs))
+    train, test = order[:300], order[300:]
+    model = LGBMModel(objective)
+    model.fit(rows.x[train], rows.y[train], np.zeros(len(train), np.int64), np.ones(len(train)))
+    pred = model.predict(rows.x[test])
+    spearman = np.corrcoef(_ranks(pred), _ranks(rows.y[test]))[0, 1]
+    assert spearman > 0.4, spearman
+    chance = 100 / len(test)
+    assert topk_recall(pred, rows.y[test], 100) > 2 * chance
+
+
+def test_transfer_rows_group_per_task_and_normalise_each(small, other, host):
+    recs = list(small.records.values()) + list(other.records.values())
+    rows = transfer_rows(recs, host, weight=0.5)
+    assert sorted(np.unique(rows.groups)) == [0, 1]
+    for g in (0, 1):
+        assert rows.y[rows.groups == g].max() == pytest.approx(1.0)
+    assert np.all(rows.weights == 0.5)
+    both = Rows.concat([rows, rows])
+    assert sorted(np.unique(both.groups)) == [0, 1, 2, 3]
+
+
+def test_transfer_trains_the_model_before_any_measurement(small, other, host):
+    ctx = TunerContext(space=small.space, task=small.task, target=host, seed=0,
+                       transfer=tuple(other.records.values()))
+    tuner = make_tuner("lgbm", ctx)
+    assert tuner._trained
+    cold = make_tuner("lgbm", TunerContext(space=small.space, task=small.task, target=host, seed=0))
+    assert not cold._trained
+    warm_first, cold_first = tuner.next_batch(8), cold.next_batch(8)
+    assert len({c.index for c in warm_first}) == 8
+    mean = lambda configs: small.gflops([c.index for c in configs]).mean()  # noqa: E731
+    assert mean(warm_first) > mean(cold_first)
+
+
+def test_session_resumes_from_an_exact_match_in_a_transfer_log(tmp_path, host, small):
+    src = TuningLog(tmp_path / "other")
+    src.append([r.model_copy(update={"target_key": host.key}) for r in list(small.records.values())[:10]])
+    options = TuningOptions(n_trials=10, batch_size=5, tuner="lgbm", transfer_from=(str(tmp_path / "other"),),
+                            measure=MeasureOptions(threads=small.threads))
+    log = TuningLog(tmp_path / "log")
+    session = TuningSession(small.task, host, options, log)
+    assert session.trials == 10 and session.done and len(log.records()) == 10
+    again = TuningSession(small.task, host, options, log)
+    assert again.trials == 10 and len(log.records()) == 10
+    transfer = load_transfer([str(tmp_path / "other")], small.task, host.key, small.threads)
+    assert len(transfer.exact) == 10 and transfer.related == ()
