@@ -105,6 +105,12 @@ class Plan:
         return self.g.groups == 1 or self.g.ocg % self.mr == 0
 
     @property
+    def pack_in_item(self) -> bool:
+        """Each parallel item owns whole groups (depthwise, grouped convs split by channel blocks), so it
+        packs its own input planes right before using them: no separate pack phase, and they are hot."""
+        return not self.flat and self.par == "oc" and self.g.groups > 1 and (self.ocn * self.mr) % self.g.ocg == 0
+
+    @property
     def tiles(self) -> int:
         return -(-self.g.oc // self.mr)
 
@@ -128,10 +134,10 @@ def build(mod: ir.Module, p: Plan, ops: tuple[EpilogueOp, ...], threads: int) ->
     from stages.codegen.parallel import emit_main
 
     n_epi = len(epilogue.operands(ops))
-    conv = _Conv(p, ops, n_epi).emit(mod)
+    pack = None if p.flat else _emit_pack(mod, p, ws_slot=2 + n_epi)
+    conv = _Conv(p, ops, n_epi).emit(mod, pack if p.pack_in_item else None)
     phases = [emit_main(mod, conv, p.g.n * _outer(p), threads, name="tf_conv")]
-    if not p.flat:
-        pack = _emit_pack(mod, p, ws_slot=2 + n_epi)
+    if pack is not None and not p.pack_in_item:
         phases.insert(0, emit_main(mod, pack, p.g.n * p.g.c, threads, name="tf_pack"))
     main = ir.Function(mod, ir.FunctionType(ir.VoidType(), [VOIDP]), name="tf_main")
     b = ir.IRBuilder(main.append_basic_block("entry"))
@@ -216,8 +222,9 @@ class _Conv:
         self.h_tiles = -(-p.out_h // p.rh)
         self._micro: ir.Function | None = None
 
-    def emit(self, mod: ir.Module) -> ir.Function:
-        p = self.p
+    def emit(self, mod: ir.Module, pack: ir.Function | None) -> ir.Function:
+        """`tf_conv_range(args, begin, end)`; with `pack`, each item first packs the planes it reads."""
+        p, g = self.p, self.p.g
         fn, b = _range_fn(mod, "tf_conv_range")
         ptrs = _args(b, fn, 3 + self.n_epi + (0 if p.flat else 1))
         x = ptrs[0] if p.flat else ptrs[-2]
@@ -226,6 +233,13 @@ class _Conv:
         with _loop(b, fn.args[1], fn.args[2], name="item") as item:
             n = b.udiv(item, i64(outer))
             o = b.urem(item, i64(outer))
+            if pack is not None:
+                oc0 = mul(b, o, i64(p.ocn * p.mr))
+                oc1 = smin(b, add(b, oc0, i64(p.ocn * p.mr)), i64(g.oc))
+                base = mul(b, n, i64(g.c))
+                c0 = add(b, base, mul(b, b.udiv(oc0, i64(g.ocg)), i64(g.icg)))
+                c1 = add(b, base, mul(b, b.udiv(oc1, i64(g.ocg)), i64(g.icg)))
+                b.call(pack, [fn.args[0], c0, c1])
             if p.par == "oc":
                 with _loop(b, i64(0), i64(p.ic_blocks), name="icb") as kb:
                     with _loop(b, i64(0), i64(self.h_tiles), name="ht") as ht:
