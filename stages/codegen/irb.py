@@ -67,8 +67,12 @@ def gep(b: ir.IRBuilder, ptr: ir.Value, offset: ir.Value) -> ir.Value:
 
 @contextmanager
 def for_range(b: ir.IRBuilder, start: ir.Value, stop: ir.Value, step: int = 1,
-              name: str = "i") -> Iterator[ir.Value]:
-    """`for (i = start; i < stop; i += step)`; the builder ends positioned after the loop."""
+              name: str = "i", unroll: bool = True) -> Iterator[ir.Value]:
+    """`for (i = start; i < stop; i += step)`; the builder ends positioned after the loop.
+
+    `unroll=False` forbids LLVM to unroll the loop: unrolling is the schedule's decision, and LLVM
+    fully unrolling small trip counts around an inlined micro-kernel multiplies compile time.
+    """
     pre = b.block
     header = b.append_basic_block(f"{name}.head")
     body = b.append_basic_block(f"{name}.body")
@@ -82,8 +86,16 @@ def for_range(b: ir.IRBuilder, start: ir.Value, stop: ir.Value, step: int = 1,
     yield idx
     nxt = b.add(idx, i64(step), name=f"{name}.next")
     idx.add_incoming(nxt, b.block)
-    b.branch(header)
+    latch = b.branch(header)
+    if not unroll:
+        latch.set_metadata("llvm.loop", _no_unroll(b.module))
     b.position_at_end(done)
+
+
+def _no_unroll(mod: ir.Module) -> ir.MDValue:
+    loop_id = mod.add_metadata([ir.MetaDataString(mod, f"tf.loop.{len(mod.metadata)}")])
+    loop_id.operands = (loop_id, mod.add_metadata([ir.MetaDataString(mod, "llvm.loop.unroll.disable")]))
+    return loop_id
 
 
 def splat(b: ir.IRBuilder, scalar: ir.Value, lanes: int) -> ir.Value:
@@ -156,3 +168,39 @@ def store_vec(b: ir.IRBuilder, value: ir.Value, ptr: ir.Value, valid: int | ir.V
     fn = intrinsic(b.module, f"llvm.masked.store.v{lanes}f32.p0", ir.VoidType(),
                    [vty, vty.as_pointer(), I32, mask.type])
     b.call(fn, [value, vptr, ir.Constant(I32, 4), mask])
+
+
+@contextmanager
+def loop_carry(b: ir.IRBuilder, start: ir.Value, stop: ir.Value, values: list[ir.Value], step: int = 1,
+               name: str = "i", unroll: bool = True) -> Iterator[ir.Value]:
+    """`for_range` carrying SSA values (e.g. accumulators) as phis instead of memory.
+
+    The body replaces `values[i]` in place with the next iteration's values; after the loop,
+    `values` holds the exit values. Keeping accumulators out of allocas keeps the IR small.
+    """
+    pre = b.block
+    header = b.append_basic_block(f"{name}.head")
+    body = b.append_basic_block(f"{name}.body")
+    done = b.append_basic_block(f"{name}.done")
+    b.branch(header)
+    b.position_at_end(header)
+    idx = b.phi(I64, name=name)
+    idx.add_incoming(start, pre)
+    phis = []
+    for v in values:
+        phi = b.phi(v.type)
+        phi.add_incoming(v, pre)
+        phis.append(phi)
+    b.cbranch(b.icmp_signed("<", idx, stop), body, done)
+    b.position_at_end(body)
+    values[:] = phis
+    yield idx
+    nxt = b.add(idx, i64(step), name=f"{name}.next")
+    idx.add_incoming(nxt, b.block)
+    for phi, v in zip(phis, values, strict=True):
+        phi.add_incoming(v, b.block)
+    latch = b.branch(header)
+    if not unroll:
+        latch.set_metadata("llvm.loop", _no_unroll(b.module))
+    b.position_at_end(done)
+    values[:] = phis

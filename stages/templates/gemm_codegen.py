@@ -36,6 +36,7 @@ from stages.codegen.irb import (
     gep,
     i64,
     load_vec,
+    loop_carry,
     mul,
     smin,
     splat,
@@ -139,7 +140,7 @@ class _Gen:
         micro = self._micro_fn(mod)
         per = self.ib_count if s.par == "m" else self.jb_count
         offsets = self._offsets_table(mod)
-        with for_range(b, fn.args[1], fn.args[2], name="item") as item:
+        with for_range(b, fn.args[1], fn.args[2], name="item", unroll=False) as item:
             if g.batch == 1:
                 bi, blk = i64(0), item
                 a_b, b_b = a, bm
@@ -151,15 +152,15 @@ class _Gen:
             c_base = mul(b, bi, i64(g.m * g.n))
             jc0, jc1 = (blk, add(b, blk, i64(1))) if s.par == "n" else (i64(0), i64(self.jb_count))
             ic0, ic1 = (blk, add(b, blk, i64(1))) if s.par == "m" else (i64(0), i64(self.ib_count))
-            with for_range(b, jc0, jc1, name="jc") as jc:
+            with for_range(b, jc0, jc1, name="jc", unroll=False) as jc:
                 p0 = mul(b, jc, i64(s.nc))
                 p1 = smin(b, add(b, p0, i64(s.nc)), i64(self.panels))
-                with for_range(b, i64(0), i64(self.kb_count), name="pb") as pb:
+                with for_range(b, i64(0), i64(self.kb_count), name="pb", unroll=False) as pb:
                     pc = mul(b, pb, i64(s.kc))
                     kl = smin(b, i64(s.kc), b.sub(i64(g.k), pc))
                     first = b.icmp_signed("==", pb, i64(0))
                     last = b.icmp_signed("==", pb, i64(self.kb_count - 1))
-                    with for_range(b, ic0, ic1, name="ic") as ic:
+                    with for_range(b, ic0, ic1, name="ic", unroll=False) as ic:
                         t0 = mul(b, ic, i64(s.mc))
                         t1 = smin(b, add(b, t0, i64(s.mc)), i64(self.tiles))
                         if buf is not None:
@@ -167,8 +168,8 @@ class _Gen:
                         ctx = dict(a=a_b, buf=buf, bm=b_b, c=c, epi=epi, c_base=c_base, pc=pc, kl=kl,
                                    first=first, last=last, t0=t0, micro=micro)
                         outer, inner = ((p0, p1), (t0, t1)) if s.order == "jr_ir" else ((t0, t1), (p0, p1))
-                        with for_range(b, *outer, name="o") as o:
-                            with for_range(b, *inner, name="n") as n:
+                        with for_range(b, *outer, name="o", unroll=False) as o:
+                            with for_range(b, *inner, name="n", unroll=False) as n:
                                 p, t = (o, n) if s.order == "jr_ir" else (n, o)
                                 self._call(b, ctx, t, p)
         b.ret_void()
@@ -188,7 +189,7 @@ class _Gen:
     def _pack_a(self, b: ir.IRBuilder, a: ir.Value, buf: ir.Value, t0, t1, pc, kl) -> None:
         """buf[t - t0][kk][i] = A[t*mr + i, pc + kk], rows past M as zeros."""
         g, s = self.g, self.s
-        with for_range(b, t0, t1, name="pt") as t:
+        with for_range(b, t0, t1, name="pt", unroll=False) as t:
             row0 = mul(b, t, i64(s.mr))
             dst = gep(b, buf, mul(b, b.sub(t, t0), i64(s.kc * s.mr)))
             srcs, valid = [], []
@@ -197,7 +198,7 @@ class _Gen:
                 valid.append(b.icmp_signed("<", row, i64(g.m)))
                 row = smin(b, row, i64(g.m - 1))
                 srcs.append(gep(b, a, add(b, mul(b, row, i64(self.ars)), mul(b, pc, i64(self.aks)))))
-            with for_range(b, i64(0), kl, name="pk") as kk:
+            with for_range(b, i64(0), kl, name="pk", unroll=False) as kk:
                 koff = mul(b, kk, i64(self.aks))
                 drow = gep(b, dst, mul(b, kk, i64(s.mr)))
                 for i in range(s.mr):
@@ -236,6 +237,7 @@ class _Gen:
             arg.add_attribute("noalias")
         b = ir.IRBuilder(fn.append_basic_block("entry"))
         vty = vec(vw)
+        tile = b.alloca(ir.ArrayType(vty, mr * nv))
         edge_cols = g.n % s.nr != 0
         edge_rows = g.m % mr != 0
         col_mask = [self._mask(b, cols, j * vw, vw) if edge_cols else None for j in range(nv)]
@@ -243,17 +245,12 @@ class _Gen:
         masks = [[_and_mask(b, col_mask[j], row_ok[i], vw) for j in range(nv)] for i in range(mr)]
         cptr = gep(b, c, c_off)
         crow = [gep(b, cptr, i64(i * g.n)) for i in range(mr)]
-        accs = [[b.alloca(vty) for _ in range(nv)] for _ in range(mr)]
         zero = ir.Constant(vty, [0.0] * vw)
-        with b.if_else(first) as (then, other):
-            with then:
-                for i in range(mr):
-                    for j in range(nv):
-                        b.store(zero, accs[i][j])
-            with other:
-                for i in range(mr):
-                    for j in range(nv):
-                        b.store(load_vec(b, gep(b, crow[i], i64(j * vw)), vw, masks[i][j]), accs[i][j])
+        if self.kb_count == 1:
+            accs: list[ir.Value] = [zero] * (mr * nv)
+        else:
+            accs = [b.select(first, zero, load_vec(b, gep(b, crow[i], i64(j * vw)), vw, masks[i][j]))
+                    for i in range(mr) for j in range(nv)]
         if s.pack_a:
             arow = [gep(b, a, i64(i)) for i in range(mr)]
             a_step = mr
@@ -261,58 +258,65 @@ class _Gen:
             arow = [gep(b, a, mul(b, smin(b, i64(i), b.sub(rows, i64(1))), i64(self.ars))) for i in range(mr)]
             a_step = self.aks
         b_step = s.nr if g.b_packed else g.n
+        bmask = col_mask if not g.b_packed else [None] * nv
 
-        def step(kk: ir.Value) -> None:
+        def step(kk: ir.Value, acc: list[ir.Value]) -> None:
             brow = gep(b, bp, mul(b, kk, i64(b_step)))
-            bmask = col_mask if not g.b_packed else [None] * nv
             bvec = [load_vec(b, gep(b, brow, i64(j * vw)), vw, bmask[j]) for j in range(nv)]
             koff = mul(b, kk, i64(a_step))
             for i in range(mr):
                 sv = splat(b, b.load(gep(b, arow[i], koff)), vw)
                 for j in range(nv):
-                    b.store(fma(b, sv, bvec[j], b.load(accs[i][j])), accs[i][j])
+                    acc[i * nv + j] = fma(b, sv, bvec[j], acc[i * nv + j])
 
         main_end = b.mul(b.udiv(kl, i64(s.uk)), i64(s.uk))
-        with for_range(b, i64(0), main_end, step=s.uk, name="k") as k0:
+        with loop_carry(b, i64(0), main_end, accs, step=s.uk, name="k", unroll=False) as k0:
             for u in range(s.uk):
-                step(add(b, k0, i64(u)))
+                step(add(b, k0, i64(u)), accs)
         if s.uk > 1:
-            with for_range(b, main_end, kl, name="kr") as kr:
-                step(kr)
+            with loop_carry(b, main_end, kl, accs, name="kr", unroll=False) as kr:
+                step(kr, accs)
 
-        def store(finish: bool) -> None:
+        def store() -> None:
             for i in range(mr):
                 for j in range(nv):
-                    v = b.load(accs[i][j])
-                    if finish:
-                        v = self._finish(b, v, epi, c_off, col0, i, j, masks[i][j], col_mask[j])
-                    store_vec(b, v, gep(b, crow[i], i64(j * vw)), masks[i][j])
+                    store_vec(b, accs[i * nv + j], gep(b, crow[i], i64(j * vw)), masks[i][j])
 
-        if self.kb_count == 1:
-            store(True)
+        if not (g.epilogue or g.alpha != 1.0):
+            store()
+        elif self.kb_count == 1:
+            self._finish_rows(b, accs, tile, cptr, epi, c_off, col0, rows, col_mask)
         else:
             with b.if_else(last) as (then, other):
                 with then:
-                    store(True)
+                    self._finish_rows(b, accs, tile, cptr, epi, c_off, col0, rows, col_mask)
                 with other:
-                    store(False)
+                    store()
         b.ret_void()
         return fn
 
-    def _finish(self, b, v, epi, c_off, col0, i, j, mask, col_mask) -> ir.Value:
-        g, vw = self.g, self.s.vw
-        if g.alpha != 1.0:
-            v = b.fmul(v, ir.Constant(vec(vw), [g.alpha] * vw))
-        if not g.epilogue:
-            return v
+    def _finish_rows(self, b, accs, tile, cptr, epi, c_off, col0, rows, col_mask) -> None:
+        """Alpha and the epilogue, applied row by row in a loop (one copy of the chain per vector
+        column, not per tile element: long chains stay cheap to compile), then the store."""
+        g, nv, vw = self.g, self.s.nv, self.s.vw
+        for idx, v in enumerate(accs):
+            b.store(v, b.gep(tile, [ir.Constant(I32, 0), ir.Constant(I32, idx)]))
         slots = epilogue.operands(g.epilogue)
+        with for_range(b, i64(0), rows, name="er", unroll=False) as i:
+            roff = mul(b, i, i64(g.n))
+            for j in range(nv):
+                v = b.load(b.gep(tile, [i64(0), add(b, mul(b, i, i64(nv)), i64(j))]))
+                if g.alpha != 1.0:
+                    v = b.fmul(v, ir.Constant(vec(vw), [g.alpha] * vw))
 
-        def load(slot: int) -> ir.Value:
-            if slots[slot].per_channel:
-                return load_vec(b, gep(b, epi[slot], add(b, col0, i64(j * vw))), vw, col_mask)
-            return load_vec(b, gep(b, epi[slot], add(b, c_off, i64(i * g.n + j * vw))), vw, mask)
+                def load(slot: int, j=j) -> ir.Value:
+                    if slots[slot].per_channel:
+                        return load_vec(b, gep(b, epi[slot], add(b, col0, i64(j * vw))), vw, col_mask[j])
+                    off = add(b, c_off, add(b, roff, i64(j * vw)))
+                    return load_vec(b, gep(b, epi[slot], off), vw, col_mask[j])
 
-        return epilogue.emit(b, g.epilogue, v, load)
+                v = epilogue.emit(b, g.epilogue, v, load)
+                store_vec(b, v, gep(b, cptr, add(b, roff, i64(j * vw))), col_mask[j])
 
     @staticmethod
     def _mask(b: ir.IRBuilder, cols: ir.Value, first_lane: int, vw: int) -> ir.Value:
