@@ -4,7 +4,7 @@ from a real tuning log, the memory plan, and the build's errors."""
 import numpy as np
 import pytest
 
-from schemas import Config, MeasureOptions, TuningOptions, matmul_task
+from schemas import Config, EpilogueOp, MeasureOptions, TensorSpec, TuningOptions, TuningTask, matmul_task
 from stages.build.library import BuildError, build_library
 from stages.build.memplan import Step, plan_workspace
 from stages.graph import reference
@@ -120,9 +120,9 @@ def test_apply_best_takes_the_fastest_accepted_record_and_says_who_fell_back(tmp
     graph, feeds = _mm_graph()
     task = graph.nodes[0].task
     log = TuningLog(tmp_path / "log")
-    summary = run_session(task, host, TuningOptions(n_trials=6, batch_size=3, tuner="random",
-                                                    measure=MeasureOptions(threads=1)), log)
-    best = summary.best
+    run_session(task, host, TuningOptions(n_trials=6, batch_size=3, tuner="random",
+                                          measure=MeasureOptions(threads=1)), log)
+    best = log.best(task.signature, host.key, threads=1)
     # a faster record the template no longer accepts must be passed over, not used
     bogus = best.model_copy(update={"config": Config(index=0, knobs={"nonsense": 1}), "trial": 99,
                                     "result": best.result.model_copy(update={"costs": (1e-9,)})})
@@ -140,6 +140,25 @@ def test_apply_best_takes_the_fastest_accepted_record_and_says_who_fell_back(tmp
     manifest2 = build_library(graph, host, tmp_path / "t2", threads=2, log=tmp_path / "log",
                               on_fallback=notes.append)
     assert manifest2.ops[0].kind == "default" and len(notes) == 1 and task.signature in notes[0]
+
+
+def test_anchors_with_run_time_weights_take_the_generic_kernel(tmp_path, host):
+    x, y, w = _const((6, 8)), _const((8, 5)), _const((3, 5))
+    g = _G(x=x, y=y, w=w)
+    mm = TuningTask(op="matmul", inputs=(TensorSpec(shape=(6, 8)), TensorSpec(shape=(8, 5)), TensorSpec(shape=(5,))),
+                    outputs=(TensorSpec(shape=(6, 5)),), epilogue=(EpilogueOp(kind="bias"), EpilogueOp(kind="relu")))
+    h = g.add("MatMul", ["x", "y", g.const("bias", _const((5,)))], task=mm)
+    dense = TuningTask(op="dense", inputs=(TensorSpec(shape=(6, 5)), TensorSpec(shape=(3, 5))),
+                       outputs=(TensorSpec(shape=(6, 3)),), epilogue=(EpilogueOp(kind="tanh"),))
+    out = g.add("Gemm", [h, "w"], task=dense)
+    graph = g.graph([out])
+    notes = []
+    manifest = build_library(graph, host, tmp_path / "lib", on_fallback=notes.append)
+    assert [op.kind for op in manifest.ops] == ["generic", "generic"]
+    assert "2 anchor task(s) run the generic untuned kernel" in notes[0] and "computes at run time" in notes[0]
+    feeds = {"x": x, "y": y, "w": w}
+    np.testing.assert_allclose(load(tmp_path / "lib")(**feeds), reference.run(graph, feeds)[out], rtol=1e-4,
+                               atol=1e-5)
 
 
 def test_memory_plan_reuses_buffers_without_overlapping_live_ones():

@@ -1,8 +1,8 @@
 """Generic (untuned) kernels for matmul-like anchors a template cannot serve in this graph.
 
-A template packs its weight operand at build time, so it cannot take a weight computed at run
-time (attention's K^T, a Gemm of two activations), and an op may have no template yet. Those
-anchors get this kernel instead: the row loop `out[m, :] += x[m, k] * w[k, :]` (unit stride,
+A template may pack its weight operand at build time, so it cannot take a weight computed at
+run time (a MatMul or Gemm of two activations), and an op may have no template. Those anchors
+get this kernel instead: the row loop `out[m, :] += x[m, k] * w[k, :]` (unit stride,
 vectorised by LLVM) followed by the task's fused epilogue, so the layer stays correct.
 """
 
@@ -33,12 +33,7 @@ def generic_anchor(ctx: OpCtx) -> None:
         if w_batch not in (1, batch):
             raise ctx.unsupported(f"batch dims {list(xs[:-2])} and {list(ws[:-2])} do not match")
         w_row, w_col = n, 1
-    b, x, y = ctx.b, ctx.inp(0), ctx.out()
-    weight = ctx.const(1)
-    if task.op == "dense" and weight is not None:  # a constant w[n, k] is stored as w[k, n]: unit-stride rows
-        w, w_row, w_col = ctx.weight("w_kn", weight.reshape(n, k).T), n, 1
-    else:
-        w = ctx.inp(1)
+    b, x, w, y = ctx.b, ctx.inp(0), ctx.inp(1), ctx.out()
     slots = operands(task.epilogue)
     tensors = [ctx.inp(2 + i) for i in range(len(slots))]
     with loop_nest(b, (batch, m), "bm") as (bi, mi):
