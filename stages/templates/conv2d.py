@@ -104,7 +104,7 @@ def default_config(task: TuningTask, target: Target) -> Config:
     """Widest vectors; the tile (`mr` channels x `rh*nw` vectors) that wastes the fewest lanes on the
     output width, holds about 24 accumulators and balances broadcasts against loads; the input slab
     of one column tile in half of L1, the weights of a channel block in half of L2; the parallel
-    axis is whichever has more items."""
+    axis is whichever has more items (channel blocks of whole groups for grouped convs)."""
     g = geom(task)
     sp = space(task, target)
     regs, lanes = target.vector_registers, target.vector_lanes
@@ -131,6 +131,9 @@ def default_config(task: TuningTask, target: Target) -> Config:
     tiles = -(-g.oc // mr)
     ocn = _fit(OCN, max(1, target.l2_bytes // 2 // (4 * mr * icb * g.kh * g.kw)), tiles)
     par = "oc" if -(-tiles // ocn) >= -(-out_h // rh) else "oh"
+    if g.groups > 1 and not g.is_1x1_gemm:  # blocks of whole groups: each thread packs only its own planes
+        ocn = min(c for c in OCN if (c * mr) % g.ocg == 0 or c >= tiles)
+        par = "oc"
     knobs: Knobs = {"vw": vw, "mr": mr, "nw": nw, "rh": rh, "icb": icb, "order": "chw", "unroll": 1, "uk": 1,
                     "ocn": ocn, "par": par}
     for unroll, uk in ((1, 1), (2, 1), (0, 1), (0, 2), (0, 4)):
