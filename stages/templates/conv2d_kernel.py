@@ -26,7 +26,6 @@ from stages.codegen.irb import (
     F32,
     F32P,
     I1,
-    I32,
     I64,
     VOIDP,
     add,
@@ -336,14 +335,19 @@ class _Micro:
         return fn
 
     def _masks(self, vrows: ir.Value, vh: ir.Value, vcols: ir.Value) -> None:
-        """Column masks of the tile's vectors, and per-cell store masks (channel and row edges too)."""
+        """Column masks of the tile's vectors, and per-cell store masks (channel and row edges too).
+
+        A mask is built from an integer bit pattern, so it lives in a mask register: built from a
+        vector compare it would pin vector registers the tile needs for accumulators."""
         p, b = self.p, self.b
-        mty = ir.VectorType(I32, p.vw)
-        one = b.insert_element(ir.Constant(mty, ir.Undefined), b.trunc(vcols, I32), ir.Constant(I32, 0))
-        cols = b.shuffle_vector(one, ir.Constant(mty, ir.Undefined), ir.Constant(mty, [0] * p.vw))
-        self.cmask = [b.icmp_unsigned("<", ir.Constant(mty, [j * p.vw + i for i in range(p.vw)]), cols)
-                      for j in range(p.nw)]
-        none = ir.Constant(ir.VectorType(I1, p.vw), [0] * p.vw)
+        mty = ir.VectorType(I1, p.vw)
+        self.cmask = []
+        for j in range(p.nw):
+            left = b.sub(vcols, i64(j * p.vw))
+            valid = smin(b, i64(p.vw), b.select(b.icmp_signed("<", left, i64(0)), i64(0), left))
+            bits = b.sub(b.shl(i64(1), valid), i64(1))
+            self.cmask.append(b.bitcast(b.trunc(bits, ir.IntType(p.vw)), mty))
+        none = ir.Constant(mty, [0] * p.vw)
         self.ymask = {}
         for m, r, j in self.cells:
             ok = b.and_(b.icmp_signed("<", i64(m), vrows), b.icmp_signed("<", i64(r), vh))
