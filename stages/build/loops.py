@@ -14,7 +14,9 @@ from dataclasses import dataclass
 
 from llvmlite import ir
 
+from schemas.task import EpilogueOp
 from stages.codegen.irb import F32, I32, add, for_range, gep, i64, intrinsic, mul
+from stages.templates.epilogue import emit
 
 
 @dataclass(frozen=True)
@@ -102,6 +104,18 @@ def f32(v: float) -> ir.Constant:
 def call_f32(b: ir.IRBuilder, name: str, *args: ir.Value) -> ir.Value:
     """An LLVM float intrinsic (`llvm.exp.f32`) or a libm function (`tanhf`) on scalars."""
     return b.call(intrinsic(b.module, name, F32, [F32] * len(args)), list(args))
+
+
+def fadd_reassoc(b: ir.IRBuilder, x: ir.Value, y: ir.Value) -> ir.Value:
+    """A sum LLVM may reorder: lets the loop vectoriser turn an accumulation into a vector reduction."""
+    total = b.fadd(x, y)
+    total.flags.append("reassoc")
+    return total
+
+
+def epilogue_op(b: ir.IRBuilder, kind: str, x: ir.Value, **attrs: float) -> ir.Value:
+    """One op of the shared fused-epilogue emitter (inline polynomials, so loops stay vectorisable)."""
+    return emit(b, (EpilogueOp(kind=kind, attrs=attrs),), x, lambda slot: x)
 
 
 def select_max(b: ir.IRBuilder, x: ir.Value, y: ir.Value) -> ir.Value:

@@ -15,6 +15,7 @@ from stages.build.loops import (
     call_f32,
     contiguous_strides,
     emit_map,
+    epilogue_op,
     f32,
     select_max,
     select_min,
@@ -43,10 +44,6 @@ def _fold(f: Callable[[ir.IRBuilder, ir.Value, ir.Value], ir.Value]) -> Combine:
     return fn
 
 
-def sigmoid(b: ir.IRBuilder, x: ir.Value) -> ir.Value:
-    return b.fdiv(f32(1), b.fadd(f32(1), call_f32(b, "llvm.exp.f32", b.fneg(x))))
-
-
 def relu(b: ir.IRBuilder, x: ir.Value) -> ir.Value:
     return b.select(b.fcmp_ordered(">", x, f32(0)), x, f32(0))
 
@@ -57,11 +54,10 @@ def _gelu(ctx: OpCtx) -> None:
 
         def f(b, x):
             inner = b.fmul(f32(c), b.fadd(x, b.fmul(f32(0.044715), b.fmul(x, b.fmul(x, x)))))
-            return b.fmul(b.fmul(f32(0.5), x), b.fadd(f32(1), call_f32(b, "tanhf", inner)))
+            return b.fmul(b.fmul(f32(0.5), x), b.fadd(f32(1), epilogue_op(b, "tanh", inner)))
     else:
         def f(b, x):
-            erf = call_f32(b, "erff", b.fmul(x, f32(1 / math.sqrt(2))))
-            return b.fmul(b.fmul(f32(0.5), x), b.fadd(f32(1), erf))
+            return epilogue_op(b, "gelu", x)
     elementwise(ctx, lambda b, v: f(b, v[0]), [0])
 
 
@@ -139,8 +135,8 @@ def batch_norm(ctx: OpCtx) -> None:
 
 OPS: dict[str, Callable[[OpCtx], None]] = {
     "Relu": _unary(relu),
-    "Sigmoid": _unary(sigmoid),
-    "Tanh": _unary(lambda b, x: call_f32(b, "tanhf", x)),
+    "Sigmoid": _unary(lambda b, x: epilogue_op(b, "sigmoid", x)),
+    "Tanh": _unary(lambda b, x: epilogue_op(b, "tanh", x)),
     "Erf": _unary(lambda b, x: call_f32(b, "erff", x)),
     "Sqrt": _unary(lambda b, x: call_f32(b, "llvm.sqrt.f32", x)),
     "Exp": _unary(lambda b, x: call_f32(b, "llvm.exp.f32", x)),

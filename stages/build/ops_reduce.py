@@ -15,15 +15,17 @@ from stages.build.loops import (
     contiguous_strides,
     emit_map,
     f32,
+    fadd_reassoc,
     loop_nest,
     select_max,
     select_min,
 )
 from stages.build.opctx import OpCtx
 from stages.codegen.irb import I1, add, for_range, gep, i64, mul
+from stages.templates.epilogue import _exp as exp_f32  # the shared inline expf (vectorisable)
 
 _INIT = {"sum": 0.0, "mean": 0.0, "max": -math.inf, "min": math.inf}
-_COMBINE = {"sum": lambda b, a, x: b.fadd(a, x), "mean": lambda b, a, x: b.fadd(a, x), "max": select_max,
+_COMBINE = {"sum": fadd_reassoc, "mean": fadd_reassoc, "max": select_max,
             "min": select_min}
 
 
@@ -84,8 +86,8 @@ def _softmax(log: bool) -> Callable[[OpCtx], None]:
                 b.store(select_max(b, b.load(mx), _load(b, x, at(k))), mx)
             b.store(f32(0), total)
             with for_range(b, i64(0), i64(n), name="k") as k:
-                e = call_f32(b, "llvm.exp.f32", b.fsub(_load(b, x, at(k)), b.load(mx)))
-                b.store(b.fadd(b.load(total), e), total)
+                e = exp_f32(b, b.fsub(_load(b, x, at(k)), b.load(mx)))
+                b.store(fadd_reassoc(b, b.load(total), e), total)
                 if not log:
                     _store(b, e, y, at(k))
             if log:
@@ -125,12 +127,12 @@ def layer_norm(ctx: OpCtx) -> None:
         base = mul(b, o, i64(n))
         b.store(f32(0), total)
         with for_range(b, i64(0), i64(n), name="k") as k:
-            b.store(b.fadd(b.load(total), _load(b, x, add(b, base, k))), total)
+            b.store(fadd_reassoc(b, b.load(total), _load(b, x, add(b, base, k))), total)
         b.store(b.fmul(b.load(total), f32(1 / n)), mean)
         b.store(f32(0), total)
         with for_range(b, i64(0), i64(n), name="k") as k:
             d = b.fsub(_load(b, x, add(b, base, k)), b.load(mean))
-            b.store(b.fadd(b.load(total), b.fmul(d, d)), total)
+            b.store(fadd_reassoc(b, b.load(total), b.fmul(d, d)), total)
         rstd = b.fdiv(f32(1), call_f32(b, "llvm.sqrt.f32", b.fadd(b.fmul(b.load(total), f32(1 / n)), f32(eps))))
         m = b.load(mean)
         with for_range(b, i64(0), i64(n), name="k") as k:
