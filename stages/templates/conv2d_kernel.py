@@ -377,6 +377,8 @@ class _Micro:
         p, g, b = self.p, self.p.g, self.b
         if p.shared:
             self.sets = [i64(0)]
+        elif g.oc % p.mr == 0:  # no channel-tail tile: every group of the tile exists
+            self.sets = [i64(s * g.icg * p.plane) for s in range(p.mr // g.ocg)]
         else:
             last_set = b.udiv(b.sub(vrows, i64(1)), i64(g.ocg))
             self.sets = [mul(b, smin(b, i64(s), last_set), i64(g.icg * p.plane))
