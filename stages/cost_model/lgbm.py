@@ -9,13 +9,13 @@ import lightgbm as lgb
 import numpy as np
 
 LEVELS = 31
-PARAMS = {"learning_rate": 0.15, "num_leaves": 15, "min_data_in_leaf": 3, "feature_fraction": 0.9,
+PARAMS = {"learning_rate": 0.05, "num_leaves": 15, "min_data_in_leaf": 2, "feature_fraction": 0.9,
           "bagging_fraction": 0.9, "bagging_freq": 1, "lambda_l2": 1.0, "num_threads": 1, "verbose": -1,
           "deterministic": True, "force_row_wise": True}
 
 
 class LGBMModel:
-    def __init__(self, objective: str = "regression", rounds: int = 60, seed: int = 0):
+    def __init__(self, objective: str = "regression", rounds: int = 120, seed: int = 0):
         if objective not in ("regression", "lambdarank"):
             raise ValueError(f"objective must be regression or lambdarank, got {objective!r}")
         self.name = f"lgbm-{objective}"

@@ -15,6 +15,7 @@ import logging
 import time
 from dataclasses import dataclass
 
+import lightgbm as lgb
 import numpy as np
 
 from schemas.config import Config
@@ -120,8 +121,11 @@ class ModelTuner:
         t = self._transfer
         data = Rows.concat([own, Rows(t.x, t.y, t.groups, t.weights * w)])
         if len(data.y) >= 2 and np.ptp(data.y) > 0:
-            self.model.fit(data.x, data.y, data.groups, data.weights)
-            self._trained = True
+            try:
+                self.model.fit(data.x, data.y, data.groups, data.weights)
+                self._trained = True
+            except lgb.basic.LightGBMError as exc:  # a degenerate training set must not end the session
+                log.warning("lgbm fit failed, keeping the previous model: %s", exc)
         self._fit_s = time.perf_counter() - start
 
     def _transfer_rows(self) -> Rows:
