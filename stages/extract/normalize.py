@@ -191,9 +191,11 @@ def _unsqueeze(ins, outs, raw, ctx) -> list[Emit]:
     shape = list(ctx.shape(ins[0]))
     axes = _axes_arg(ins, raw, ctx, 13) or []
     rank = len(shape) + len(axes)
-    for a in sorted(_axis(a, rank) for a in axes):
-        shape.insert(a, 1)
-    return [("Reshape", ins[:1], outs[:1], {"shape": shape})]
+    new = {_axis(a, rank) for a in axes}
+    if len(new) != len(axes) or not all(0 <= a < rank for a in new):
+        raise ModelError(f"Unsqueeze {ctx.node!r}: axes {list(axes)[:8]} are not distinct axes of a rank-{rank} output")
+    dims = iter(shape)
+    return [("Reshape", ins[:1], outs[:1], {"shape": [1 if i in new else next(dims) for i in range(rank)]})]
 
 
 def _transpose(ins, outs, raw, ctx) -> list[Emit]:

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import numpy as np
 import onnx
+from google.protobuf.message import DecodeError
 from onnx import helper, numpy_helper
 
 from stages.extract.errors import ModelError, UnsupportedOpsError
@@ -87,12 +88,15 @@ def parse_input_shapes(items: list[str] | None) -> dict[str, tuple[int, ...]]:
 def load_model(model: str | Path | onnx.ModelProto, input_shapes: dict[str, tuple[int, ...]] | None = None,
                name: str | None = None) -> Graph:
     """Import an ONNX model (path or proto) as a Graph with static shapes."""
-    proto = onnx.load(str(model)) if not isinstance(model, onnx.ModelProto) else model
+    try:
+        proto = onnx.load(str(model)) if not isinstance(model, onnx.ModelProto) else model
+    except DecodeError as exc:
+        raise ModelError(f"{model}: not a readable ONNX model ({exc})") from None
     graph_name = name or (Path(model).stem if not isinstance(model, onnx.ModelProto) else proto.graph.name)
     check_supported(proto)
     opset = _opset(proto)
     init_names = {t.name for t in proto.graph.initializer}
-    consts = {t.name: numpy_helper.to_array(t) for t in proto.graph.initializer}
+    consts = {t.name: _initializer(t) for t in proto.graph.initializer}
     inputs = _bind_inputs([v for v in proto.graph.input if v.name not in init_names], input_shapes or {})
     used = {i for node in proto.graph.node for i in node.input} | {o.name for o in proto.graph.output}
     ctx = Ctx(opset=opset, op="", shapes={v.name: v.shape for v in inputs}, consts=consts, used=used)
@@ -108,9 +112,18 @@ def load_model(model: str | Path | onnx.ModelProto, input_shapes: dict[str, tupl
         missing = [i for i in ins if i and i not in ctx.shapes]
         if missing:
             raise ModelError(f"{onode.op_type} {node_name!r} reads {missing}, which no earlier node produces")
+        clash = [o for o in onode.output if o and (o in ctx.shapes or o in alias)]
+        if clash:
+            raise ModelError(f"{onode.op_type} {node_name!r} writes {clash}, which the model already defines")
         ctx.node, ctx.op = node_name, onode.op_type
         raw = {a.name: _attr(a) for a in onode.attribute}
-        _import_node(onode.op_type, node_name, ins, list(onode.output), raw, ctx, nodes, alias)
+        try:
+            _import_node(onode.op_type, node_name, ins, list(onode.output), raw, ctx, nodes, alias)
+        except ModelError:
+            raise
+        except (ArithmeticError, KeyError, IndexError, TypeError, ValueError) as exc:  # a malformed node, named
+            why = f"missing attribute or input {exc}" if isinstance(exc, KeyError) else str(exc) or type(exc).__name__
+            raise ModelError(f"{onode.op_type} {node_name!r} is malformed: {why}") from None
     outputs = _outputs(proto, alias, nodes, ctx)
     live = {i for node in nodes for i in node.inputs} | {v.name for v in outputs}
     values = {v.name: v for v in inputs}
@@ -143,6 +156,13 @@ def _opset(proto: onnx.ModelProto) -> int:
     return opset
 
 
+def _initializer(t: onnx.TensorProto) -> np.ndarray:
+    try:
+        return numpy_helper.to_array(t)
+    except (KeyError, TypeError, ValueError) as exc:
+        raise ModelError(f"initializer {t.name!r} cannot be read: {exc}") from None
+
+
 def _attr(a: onnx.AttributeProto):
     v = helper.get_attribute_value(a)
     if isinstance(v, bytes):
@@ -160,7 +180,10 @@ def _bind_inputs(vis: list[onnx.ValueInfoProto], bound: dict[str, tuple[int, ...
     values = []
     for v in vis:
         tt = v.type.tensor_type
-        dtype = np.dtype(helper.tensor_dtype_to_np_dtype(tt.elem_type)).name
+        try:
+            dtype = np.dtype(helper.tensor_dtype_to_np_dtype(tt.elem_type)).name
+        except KeyError:
+            dtype = f"element type {tt.elem_type}"
         if dtype != "float32":
             raise ModelError(f"input {v.name!r} is {dtype}; tunaflow compiles float32 models")
         dims = list(tt.shape.dim)

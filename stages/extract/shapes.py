@@ -24,6 +24,8 @@ def _conv(s: list[Shape], a: dict) -> list[Shape]:
     (n, c, h, w), (o, cg, kh, kw) = s[0], s[1]
     if len(s[0]) != 4 or c != cg * a["group"] or o % a["group"]:
         raise ValueError(f"input {list(s[0])} and weight {list(s[1])} do not fit group={a['group']}")
+    if len(s) > 2 and s[2] != (o,):
+        raise ValueError(f"bias {list(s[2])} does not match the {o} output channels")
     (sh, sw), (dh, dw), (pt, pl, pb, pr) = a["strides"], a["dilations"], a["pads"]
     return [(n, o, pool_out(h, kh, sh, pt, pb, dh, 0), pool_out(w, kw, sw, pl, pr, dw, 0))]
 
@@ -52,9 +54,15 @@ def _gemm(s: list[Shape], a: dict) -> list[Shape]:
     k2, n = s[1][::-1] if a["transB"] else s[1]
     if k != k2:
         raise ValueError(f"inner dimensions differ: {list(s[0])} and {list(s[1])}")
-    if len(s) > 2:
-        np.broadcast_shapes(s[2], (m, n))
+    if len(s) > 2 and np.broadcast_shapes(s[2], (m, n)) != (m, n):
+        raise ValueError(f"C {list(s[2])} does not broadcast to the output {[m, n]}")
     return [(m, n)]
+
+
+def _batch_norm(s: list[Shape], a: dict) -> list[Shape]:
+    if len(s[0]) < 2 or any(p != (s[0][1],) for p in s[1:]):
+        raise ValueError(f"parameters {[list(p) for p in s[1:]]} do not match the {s[0][1:2]} channels of {list(s[0])}")
+    return [s[0]]
 
 
 def _concat(s: list[Shape], a: dict) -> list[Shape]:
@@ -83,9 +91,10 @@ def _reduce(s: list[Shape], a: dict) -> list[Shape]:
 
 SHAPES: dict[str, Callable[[list[Shape], dict], list[Shape]]] = {
     **{op: _same for op in ("Relu", "Sigmoid", "Tanh", "Erf", "Sqrt", "LeakyRelu", "Gelu", "Clip", "Softmax",
-                            "LogSoftmax", "LRN", "LayerNormalization", "BatchNormalization")},
+                            "LogSoftmax", "LRN", "LayerNormalization")},
     **{op: _broadcast for op in ("Add", "Sub", "Mul", "Div", "Pow", "Sum")},
     "Conv": _conv, "MaxPool": _pool, "AveragePool": _pool, "MatMul": _matmul, "Gemm": _gemm,
+    "BatchNormalization": _batch_norm,
     "GlobalAveragePool": lambda s, a: [s[0][:2] + (1,) * (len(s[0]) - 2)],
     "Reshape": lambda s, a: [tuple(a["shape"])], "Flatten": lambda s, a: [tuple(a["shape"])],
     "Transpose": lambda s, a: [tuple(s[0][p] for p in a["perm"])],
@@ -98,7 +107,7 @@ def infer(op: str, node: str, shapes: list[Shape], attrs: dict) -> list[Shape]:
     """Output shapes of one normalised node; a mismatch is a ModelError naming the node."""
     try:
         out = SHAPES[op](shapes, attrs)
-    except (ValueError, IndexError, KeyError) as exc:
+    except (ValueError, IndexError, KeyError, ArithmeticError) as exc:
         raise ModelError(f"{op} {node!r}: {exc}") from None
     for shape in out:
         if any(d <= 0 for d in shape):

@@ -62,7 +62,7 @@ def fold_batchnorm(g: Graph) -> None:
 
 def _fold_into(g: Graph, src: Node, s: np.ndarray, t: np.ndarray) -> bool:
     """Scale the output channels of a Conv or Gemm with constant weights by s, then add t."""
-    if src.op not in ("Conv", "Gemm") or src.inputs[1] not in g.constants:
+    if src.op not in ("Conv", "Gemm") or any(i not in g.constants for i in src.inputs[1:]):
         return False
     w = g.constants[src.inputs[1]].astype(np.float64)
     if src.op == "Conv":
@@ -70,8 +70,6 @@ def _fold_into(g: Graph, src: Node, s: np.ndarray, t: np.ndarray) -> bool:
         bias = g.constants[src.inputs[2]].astype(np.float64) if len(src.inputs) > 2 else 0.0
         b2 = bias * s + t
     else:
-        if len(src.inputs) > 2 and src.inputs[2] not in g.constants:
-            return False
         w2 = w * s.reshape(-1, 1) if src.attrs["transB"] else w * s.reshape(1, -1)
         c = src.attrs["beta"] * g.constants[src.inputs[2]].astype(np.float64) if len(src.inputs) > 2 else 0.0
         b2 = np.broadcast_to(c * s + t, np.broadcast_shapes(np.shape(c * s), t.shape))
