@@ -48,7 +48,7 @@ class TuningOptions(BaseModel):
     n_trials: int = Field(default=64, ge=1)
     early_stopping: int | None = Field(default=None, ge=1)
     batch_size: int = Field(default=16, ge=1)
-    tuner: Literal["lgbm", "lgbm-rank", "ga", "random", "grid"] = "lgbm"
+    tuner: Literal["lgbm", "lgbm-reg", "lgbm-rank", "ga", "random", "grid"] = "lgbm"
     epsilon: float = Field(default=0.05, ge=0, le=1, description="share of a model-based batch that is random")
     transfer_from: tuple[str, ...] = Field(default=(), description="logs whose records of the same op seed the model")
     timeout_s: float | None = Field(default=None, gt=0, description="wall-clock budget")

@@ -15,6 +15,7 @@ TUNERS: dict[str, Callable[[TunerContext], Tuner]] = {
     "random": lambda c: RandomTuner(c.space, c.seed, c.exclude),
     "ga": GATuner,
     "lgbm": ModelTuner,
+    "lgbm-reg": lambda c: ModelTuner(c, objective="regression"),
     "lgbm-rank": lambda c: ModelTuner(c, objective="lambdarank"),
 }
 

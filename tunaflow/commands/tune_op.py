@@ -30,7 +30,7 @@ def tune_op(
     trials: Annotated[int, typer.Option(help="trial budget of this task in the log; a rerun resumes up to it")] = 64,
     log: Annotated[Path, typer.Option(help="tuning log directory (created if missing)")] = Path("tuning-log"),
     early_stopping: Annotated[int | None, typer.Option(help="stop after this many trials without a new best")] = None,
-    tuner: Annotated[str, typer.Option(help="search policy: lgbm (cost model, default), lgbm-rank, ga, random, grid")]
+    tuner: Annotated[str, typer.Option(help="search policy: lgbm (cost model), lgbm-reg, lgbm-rank, ga, random, grid")]
     = "lgbm",
     transfer_from: Annotated[list[Path] | None, typer.Option(
         "--transfer-from", help="a log whose records of the same op seed the cost model (repeatable); "
