@@ -136,8 +136,8 @@ def test_attention_scores_fuse_the_scale_and_gemm_with_run_time_c_gets_a_residua
              helper.make_node("Gemm", ["x2", "x2", "x2"], ["z"], transA=1, alpha=2.0, beta=0.5)]
     inits = [scalar("d", 4.0), numpy_helper.from_array(np.array([4, 4], np.int64), "shape")]
     g = check(build(tmp_path, nodes, (2, 2, 4), inits, outputs=("y", "z")), (2, 2, 4))
-    assert epilogues(g) == [("batch_matmul", ["scale_shift"]), ("matmul", ["scale_shift", "residual_add"])]
-    mm = [n for n in g.nodes if n.op == "matmul"][0]
+    assert epilogues(g) == [("batch_matmul", ["scale_shift"]), ("batch_matmul", ["scale_shift", "residual_add"])]
+    mm = g.nodes[-1]
     assert mm.task.epilogue[1].attrs == {"beta": 0.5}
 
 
@@ -159,7 +159,7 @@ def test_two_gemms_sharing_a_run_time_transposed_operand_get_their_own_transpose
     g = check(build(tmp_path, nodes, (4, 4), []), (4, 4))
     transposes = [n for n in g.nodes if n.op == "Transpose"]
     assert len(transposes) == 2 and len({n.outputs[0] for n in transposes}) == 2
-    assert epilogues(g) == [("matmul", []), ("matmul", ["residual_add"])]
+    assert epilogues(g) == [("batch_matmul", []), ("batch_matmul", ["residual_add"])]
 
 
 @pytest.mark.parametrize("square", ["pow", "mul"])

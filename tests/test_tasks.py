@@ -80,3 +80,20 @@ def test_tasks_command_lists_every_unsupported_op_and_exits_2(tmp_path):
     r = tunaflow("tasks", str(tmp_path / "bad.onnx"))
     assert r.returncode == 2 and "2 unsupported operator type(s)" in r.stderr
     assert "Abs: a1" in r.stderr and "Exp: e1" in r.stderr
+
+
+def test_extracted_tasks_equal_the_templates_own_tasks_so_tune_op_logs_apply_to_models():
+    from schemas.task import EpilogueOp
+    from stages.templates import batch_matmul, dense
+    from stages.templates.conv2d_shape import conv2d_task
+
+    def ops(*kinds):
+        return tuple(EpilogueOp(kind=k) for k in kinds)
+
+    cnn = extract_tasks(optimize(load_model(MODELS / "cnn.onnx")))
+    stem = conv2d_task((1, 3, 64, 64), (16, 3, 3, 3), (1, 1), (1, 1, 1, 1), (1, 1), 1, ops("bias", "relu"))
+    assert cnn[0].task == stem and cnn[0].task.signature == stem.signature
+    mlp = extract_tasks(optimize(load_model(MODELS / "mlp.onnx")))
+    assert mlp[0].task.signature == dense.task(16, 256, 784, ops("bias", "relu")).signature
+    attn = extract_tasks(optimize(load_model(MODELS / "transformer.onnx")))
+    assert attn[2].task.signature == batch_matmul.task((1, 4, 64, 64), (1, 4, 64, 32)).signature

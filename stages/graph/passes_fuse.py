@@ -1,4 +1,4 @@
-"""Anchor lowering and epilogue fusion: Conv / Gemm / MatMul → conv2d / dense / matmul / batch_matmul nodes.
+"""Anchor lowering and epilogue fusion: Conv / Gemm / MatMul → conv2d / dense / batch_matmul nodes.
 
 Each anchor gets a `TuningTask` whose inputs are `[X, W, *epilogue tensors]` (the convention of
 stages/templates/epilogue.py) and absorbs the element-wise chain that follows it while each link
@@ -8,8 +8,12 @@ two-input Sum or Sub of a per-channel (or scalar) constant (bias); a Mul or Div 
 constant). The fused node takes the place of the last node it absorbed, so every tensor it
 reads is computed before it.
 
-Weights are re-laid once here: dense takes W as (N, K) (Y = X @ W^T), with Gemm's alpha and
-transB and MatMul's (K, N) constant folded in; Gemm's beta is folded into its bias.
+Weights are re-laid once here, so equal layers get equal tasks whatever their ONNX form: a
+constant 2-D weight makes a `dense` with W as (N, K) (Y = X @ W^T, attributes exactly those of
+`stages.templates.dense.task`), Gemm's alpha and transB and MatMul's (K, N) layout folded in and
+Gemm's beta folded into its bias. A product of two run-time tensors (or with a constant of rank
+> 2) is a `batch_matmul` (2-D included), whose template reads both operands in place; `matmul`
+(B packed at build time) is left to `tune-op`.
 """
 
 from __future__ import annotations
@@ -25,6 +29,7 @@ from stages.graph.ir import Graph, Node, Value
 from stages.templates import epilogue as epi
 
 ANCHORS = ("Conv", "Gemm", "MatMul")
+DENSE_ATTRS = {"trans_a": False, "trans_b": True, "alpha": 1.0}
 UNARY_EPILOGUE = {"Relu": "relu", "Sigmoid": "sigmoid", "Tanh": "tanh", "Clip": "clip", "LeakyRelu": "leaky_relu"}
 
 
@@ -105,10 +110,10 @@ def _lower_gemm(g: Graph, node: Node, shape: dict, out_shape: tuple[int, ...]) -
     if b in g.constants:
         w = g.constants[b] if at["transB"] else g.constants[b].T
         wname = g.add_constant(f"{node.name}.weight", at["alpha"] * w) if at["alpha"] != 1 or not at["transB"] else b
-        a = _Anchor("dense", [x, wname], [(m, k), (n, k)], (m, n), {}, -1, node.outputs[0], pre)
+        a = _Anchor("dense", [x, wname], [(m, k), (n, k)], (m, n), dict(DENSE_ATTRS), -1, node.outputs[0], pre)
     else:
         wname = b if not at["transB"] else _transposed(g, b, node, pre)
-        a = _Anchor("matmul", [x, wname], [(m, k), (k, n)], (m, n), {}, -1, node.outputs[0], pre)
+        a = _Anchor("batch_matmul", [x, wname], [(m, k), (k, n)], (m, n), {}, -1, node.outputs[0], pre)
         if at["alpha"] != 1:
             a.ops.append(EpilogueOp(kind="scale_shift"))
             a.tensors += [g.add_constant(f"{node.name}.alpha", np.full(n, at["alpha"])),
@@ -140,11 +145,9 @@ def _lower_matmul(g: Graph, node: Node, shape: dict, out_shape: tuple[int, ...])
         n, k = w.shape
         m = math.prod(xs[:-1])
         wname = g.add_constant(f"{node.name}.weight", w)
-        return _Anchor("dense", [x, wname], [(m, k), (n, k)], (m, n), {}, -1, out)
+        return _Anchor("dense", [x, wname], [(m, k), (n, k)], (m, n), dict(DENSE_ATTRS), -1, out)
     if len(xs) < 2 or len(bs) < 2:
         raise ModelError(f"MatMul {node.name!r}: a 1-D operand computed at run time is not supported")
-    if len(xs) == 2 and len(bs) == 2:
-        return _Anchor("matmul", [x, b], [xs, bs], out_shape, {}, -1, out)
     return _Anchor("batch_matmul", [x, b], [xs, bs], out_shape, {}, -1, out)
 
 

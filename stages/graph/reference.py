@@ -70,7 +70,8 @@ def run_anchor(task: TuningTask, args: list[np.ndarray]) -> np.ndarray:
         a = task.attrs
         y = conv2d(x, w, a["strides"], a["pads"], a["dilations"], int(a["group"]))
     elif task.op == "dense":
-        y = x @ w.T
+        a = task.attrs
+        y = a.get("alpha", 1.0) * ((x.T if a.get("trans_a") else x) @ (w.T if a.get("trans_b", True) else w))
     else:
         y = np.matmul(x, w)
     return apply_reference(task.epilogue, y, args[2:], channel_axis=1 if task.op == "conv2d" else -1)
