@@ -52,8 +52,8 @@ def fold_batchnorm(g: Graph) -> None:
         shape = (-1,) + (1,) * (len(g.values[bn.inputs[0]].shape) - 2)
         mid = bn.outputs[0] + "/scaled"
         g.values[mid] = Value(mid, g.values[bn.outputs[0]].shape)
-        s_name, t_name = g.add_constant(bn.name + ".scale", s.reshape(shape)), g.add_constant(bn.name + ".shift",
-                                                                                       t.reshape(shape))
+        s_name = g.add_constant(bn.name + ".scale", s.reshape(shape))
+        t_name = g.add_constant(bn.name + ".shift", t.reshape(shape))
         i = g.nodes.index(bn)
         g.nodes[i: i + 1] = [Node(bn.name + "/mul", "Mul", [bn.inputs[0], s_name], [mid]),
                              Node(bn.name + "/add", "Add", [mid, t_name], list(bn.outputs))]
