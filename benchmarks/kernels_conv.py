@@ -240,8 +240,20 @@ def table(rows: list[dict], n_configs: int, command: str) -> str:
                      f"{r['default_gflops']:.1f} | {r['default_ratio']:.2f}x | {r['best_gflops']:.1f} | "
                      f"**{r['best_ratio']:.2f}x** | `{knobs}` |")
     lines += ["", f"Median compile time per candidate (IR build + O3 + codegen, 2 compiles in parallel): "
-              f"**{compile_ms:.0f} ms** over {sum(len(r['compile_s']) for r in rows)} candidates.", END]
+              f"**{compile_ms:.0f} ms** over {sum(len(r['compile_s']) for r in rows)} candidates.", "",
+              "Goals (issue 10):", *goals(rows, compile_ms), END]
     return "\n".join(lines)
+
+
+def goals(rows: list[dict], compile_ms: float) -> list[str]:
+    def verdict(key: str, goal: float) -> str:
+        worst = min(rows, key=lambda r: r[key])
+        state = "met" if worst[key] >= goal else f"MISSED by {1 - worst[key] / goal:.0%}"
+        return f"{state} (lowest {worst[key]:.2f}x: {worst['layer']}, {worst['threads']} thread(s))"
+
+    return [f"- best config >= 1.0x onnxruntime on every layer: {verdict('best_ratio', 1.0)}",
+            f"- default schedule >= 0.5x onnxruntime on every layer: {verdict('default_ratio', 0.5)}",
+            f"- median compile time <= 150 ms: {'met' if compile_ms <= 150 else 'MISSED'} ({compile_ms:.0f} ms)"]
 
 
 def write_section(text: str) -> None:
