@@ -186,43 +186,58 @@ def _pool(kind: str) -> Callable[[OpCtx], None]:
 
 
 def _emit_pool(ctx, kind, sp, osp, k, s, d, pb, pe, include_pad) -> None:
+    """Per (image, channel, output row): columns whose window lies inside the input, in a row that does
+    too, run a branch-free unrolled window (vectorised across columns); the border runs a checked loop."""
+    if len(sp) != 2:
+        raise ctx.unsupported(f"{len(sp)}-D pooling (only 2-D is built)")
     b, x, y = ctx.b, ctx.inp(), ctx.out()
     nc = ctx.in_shape()[0] * ctx.in_shape()[1]
-    istr, ostr = contiguous_strides(sp), contiguous_strides(osp)
+    (h, w), (oh_n, ow_n) = sp, osp
     lo = [-(-p // st) for p, st in zip(pb, s, strict=True)]
-    hi = [min(o, max(0, (i - 1 + p - (kk - 1) * dd) // st + 1)) if i - 1 + p - (kk - 1) * dd >= 0 else 0
-          for o, i, p, kk, dd, st in zip(osp, sp, pb, k, d, s, strict=True)]
+    hi = [max(lo_d, min(o, (i - 1 + p - (kk - 1) * dd) // st + 1)) if i - 1 + p - (kk - 1) * dd >= 0 else lo_d
+          for o, i, p, kk, dd, st, lo_d in zip(osp, sp, pb, k, d, s, lo, strict=True)]
     acc, cnt = ctx.local(), ctx.local()
     combine = select_max if kind == "max" else (lambda b, a, v: b.fadd(a, v))
-    with loop_nest(b, (nc, *osp), "o") as idx:
-        c, oc = idx[0], idx[1:]
-        in_base = mul(b, c, i64(math.prod(sp)))
-        out_off = add(b, mul(b, c, i64(math.prod(osp))), sum_idx(b, oc, ostr))
-        starts = [b.sub(mul(b, o, i64(st)), i64(p)) for o, st, p in zip(oc, s, pb, strict=True)]
-        inside = ir.Constant(I1, 1)
-        for o, lo_d, hi_d in zip(oc, lo, hi, strict=True):
-            inside = b.and_(inside, b.and_(b.icmp_signed(">=", o, i64(lo_d)), b.icmp_signed("<", o, i64(hi_d))))
-        b.store(f32(-math.inf if kind == "max" else 0.0), acc)
-        b.store(f32(0), cnt)
-        with b.if_else(inside) as (fast, slow):
-            with fast:
-                with loop_nest(b, k, "kf") as kk:
-                    coords = [add(b, st, mul(b, kv, i64(dd))) for st, kv, dd in zip(starts, kk, d, strict=True)]
-                    v = _load(b, x, add(b, in_base, sum_idx(b, coords, istr)))
+    with loop_nest(b, (nc, oh_n), "o") as (c, oh):
+        in_base = mul(b, c, i64(h * w))
+        out_row = mul(b, add(b, mul(b, c, i64(oh_n)), oh), i64(ow_n))
+        top = b.sub(mul(b, oh, i64(s[0])), i64(pb[0]))
+
+        def fast(ow: ir.Value) -> None:
+            left = b.sub(mul(b, ow, i64(s[1])), i64(pb[1]))
+            total = None
+            for i in range(k[0]):
+                row = mul(b, add(b, top, i64(i * d[0])), i64(w))
+                for j in range(k[1]):
+                    v = _load(b, x, add(b, in_base, add(b, row, add(b, left, i64(j * d[1])))))
+                    total = v if total is None else combine(b, total, v)
+            _store(b, total if kind == "max" else b.fmul(total, f32(1 / (k[0] * k[1]))), y, add(b, out_row, ow))
+
+        def slow(ow: ir.Value) -> None:
+            starts = [top, b.sub(mul(b, ow, i64(s[1])), i64(pb[1]))]
+            b.store(f32(-math.inf if kind == "max" else 0.0), acc)
+            b.store(f32(0), cnt)
+            with loop_nest(b, k, "ks") as kk:
+                coords = [add(b, st, mul(b, kv, i64(dd))) for st, kv, dd in zip(starts, kk, d, strict=True)]
+                valid = _within(b, coords, [0, 0], sp)
+                padded = _within(b, coords, [-p for p in pb], [i + e for i, e in zip(sp, pe, strict=True)])
+                b.store(b.fadd(b.load(cnt), b.uitofp(padded if include_pad else valid, ir.FloatType())), cnt)
+                with b.if_then(valid):
+                    v = _load(b, x, add(b, in_base, add(b, mul(b, coords[0], i64(w)), coords[1])))
                     b.store(combine(b, b.load(acc), v), acc)
-                b.store(f32(math.prod(k)), cnt)
-            with slow:
-                with loop_nest(b, k, "ks") as kk:
-                    coords = [add(b, st, mul(b, kv, i64(dd))) for st, kv, dd in zip(starts, kk, d, strict=True)]
-                    valid = _within(b, coords, [0] * len(sp), sp)
-                    padded = _within(b, coords, [-p for p in pb], [i + e for i, e in zip(sp, pe, strict=True)])
-                    counted = padded if include_pad else valid
-                    b.store(b.fadd(b.load(cnt), b.uitofp(counted, ir.FloatType())), cnt)
-                    with b.if_then(valid):
-                        v = _load(b, x, add(b, in_base, sum_idx(b, coords, istr)))
-                        b.store(combine(b, b.load(acc), v), acc)
-        result = b.load(acc) if kind == "max" else b.fdiv(b.load(acc), b.load(cnt))
-        _store(b, result, y, out_off)
+            result = b.load(acc) if kind == "max" else b.fdiv(b.load(acc), b.load(cnt))
+            _store(b, result, y, add(b, out_row, ow))
+
+        inside = b.and_(b.icmp_signed(">=", oh, i64(lo[0])), b.icmp_signed("<", oh, i64(hi[0])))
+        with b.if_else(inside) as (inner_row, border_row):
+            with inner_row:
+                for first, last, body in ((0, lo[1], slow), (lo[1], hi[1], fast), (hi[1], ow_n, slow)):
+                    if last > first:
+                        with for_range(b, i64(first), i64(last), name="ow") as ow:
+                            body(ow)
+            with border_row:
+                with for_range(b, i64(0), i64(ow_n), name="owb") as ow:
+                    slow(ow)
 
 
 def _within(b: ir.IRBuilder, coords, lo, hi) -> ir.Value:
@@ -230,13 +245,6 @@ def _within(b: ir.IRBuilder, coords, lo, hi) -> ir.Value:
     for c, lo_d, hi_d in zip(coords, lo, hi, strict=True):
         ok = b.and_(ok, b.and_(b.icmp_signed(">=", c, i64(lo_d)), b.icmp_signed("<", c, i64(hi_d))))
     return ok
-
-
-def sum_idx(b: ir.IRBuilder, idx, strides) -> ir.Value:
-    total: ir.Value = i64(0)
-    for i, st in zip(idx, strides, strict=True):
-        total = add(b, total, mul(b, i, i64(st)))
-    return total
 
 
 OPS: dict[str, Callable[[OpCtx], None]] = {
