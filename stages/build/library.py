@@ -20,7 +20,7 @@ import subprocess
 import tempfile
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -84,56 +84,20 @@ def build_library(graph: Graph, target: Target, out: Path, threads: int = 1, log
     tuning_log = TuningLog(log) if log is not None else None
     choices = choose([n.task for n in graph.nodes if n.task is not None and n.task.op in TEMPLATES], tuning_log,
                      target, threads)
-    generic: dict[str, str] = {}
 
-    outputs = {v.name for v in graph.outputs}
     for v in graph.outputs:
         if v.name in graph.constants or v.name in {i.name for i in graph.inputs}:
             raise BuildError(f"graph output {v.name!r} is a graph input or a constant; nothing computes it")
     module = ir.Module(name="tf_model")
     module.triple = target.triple
-    root: dict[str, str] = {}
-    constants: dict[str, np.ndarray] = {}
-    calls: list[_Call] = []
-    objects: list[bytes] = []
-    infos: list[OpInfo] = []
-    for idx, node in enumerate(graph.nodes):
-        symbol = f"tf_op{idx}"
-        anchor = None
-        if node.task is not None and node.task.op in TEMPLATES:
-            try:
-                anchor = _anchor(graph, node, choices[node.task.signature], target, threads, symbol)
-            except _RunTimeOperand as exc:
-                generic[node.task.description] = str(exc)
-        elif node.task is not None:
-            generic[node.task.description] = f"no template for {node.task.op}"
-        if anchor is not None:
-            slots, packed, obj = anchor
-            constants.update(packed)
-            objects.append(obj)
-            calls.append(_Call(node, symbol, slots, anchor=True))
-            infos.append(_anchor_info(node, choices[node.task.signature]))
-        elif node.op in ALIASES and node.outputs[0] not in outputs:
-            root[node.outputs[0]] = root.get(node.inputs[0], node.inputs[0])
-            infos.append(OpInfo(node=node.name, op=node.op, kind="alias"))
-        else:
-            ctx = OpCtx.open(module, graph, node, symbol)
-            try:
-                (generic_anchor if node.task is not None else OPS[node.op])(ctx)
-            except (UnsupportedOp, ValueError) as exc:
-                raise BuildError(str(exc)) from exc
-            ctx.close()
-            constants.update(ctx.new_constants)
-            calls.append(_Call(node, symbol, ctx.slots, anchor=False))
-            infos.append(OpInfo(node=node.name, op=node.op, kind="generated" if node.task is None else "generic",
-                                task=node.task.description if node.task else None,
-                                task_signature=node.task.signature if node.task else None))
-    message = _fallbacks(choices, generic)
+    low = _lower(graph, module, choices, target, threads)
+    calls, constants = low.calls, low.constants
+    message = _fallbacks(choices, low.generic)
     if message and on_fallback:
         on_fallback(message)
 
     for c in calls:
-        c.slots = [root.get(s, s) for s in c.slots]
+        c.slots = [low.root.get(s, s) for s in c.slots]
     constants.update({s: graph.constants[s] for c in calls for s in c.slots if s in graph.constants})
     weight_offsets, weights_blob = _pack_weights(constants)
     work = _work_tensors(graph, calls, constants)
@@ -141,7 +105,7 @@ def build_library(graph: Graph, target: Target, out: Path, threads: int = 1, log
                                 tuple(s for s in c.slots if s in c.node.outputs)) for c in calls], work)
     _check_computed(graph, calls, constants)
     _emit_run(module, calls, graph, weight_offsets, plan.offsets)
-    objects.append(compile_ir(module, target).data)
+    objects = [*low.objects, compile_ir(module, target).data]
 
     out.mkdir(parents=True, exist_ok=True)
     _link(compiler, objects, out / LIBRARY)
@@ -154,12 +118,61 @@ def build_library(graph: Graph, target: Target, out: Path, threads: int = 1, log
         log=str(log) if log is not None else None,
         log_digest=log_digest(log) if log is not None else None,
         workspace_bytes=plan.size, naive_workspace_bytes=plan.naive_size, weights_bytes=len(weights_blob),
-        ops=tuple(infos),
+        ops=tuple(low.infos),
         files={LIBRARY: file_digest(out / LIBRARY), WEIGHTS: file_digest(out / WEIGHTS)},
         build_s=time.perf_counter() - start,
     )
     (out / MANIFEST).write_text(manifest.model_dump_json(indent=1))
     return manifest
+
+
+@dataclass
+class _Lowered:
+    """Every node turned into a kernel call (or an alias), before memory is planned."""
+
+    calls: list[_Call] = field(default_factory=list)
+    objects: list[bytes] = field(default_factory=list)
+    infos: list[OpInfo] = field(default_factory=list)
+    constants: dict[str, np.ndarray] = field(default_factory=dict)
+    root: dict[str, str] = field(default_factory=dict)  # alias output → the tensor whose buffer it is
+    generic: dict[str, str] = field(default_factory=dict)  # task description → why it runs the generic kernel
+
+
+def _lower(graph: Graph, module: ir.Module, choices: dict[str, Choice], target: Target, threads: int) -> _Lowered:
+    outputs = {v.name for v in graph.outputs}
+    low = _Lowered()
+    for idx, node in enumerate(graph.nodes):
+        symbol = f"tf_op{idx}"
+        anchor = None
+        if node.task is not None and node.task.op in TEMPLATES:
+            try:
+                anchor = _anchor(graph, node, choices[node.task.signature], target, threads, symbol)
+            except _RunTimeOperand as exc:
+                low.generic[node.task.description] = str(exc)
+        elif node.task is not None:
+            low.generic[node.task.description] = f"no template for {node.task.op}"
+        if anchor is not None:
+            slots, packed, obj = anchor
+            low.constants.update(packed)
+            low.objects.append(obj)
+            low.calls.append(_Call(node, symbol, slots, anchor=True))
+            low.infos.append(_anchor_info(node, choices[node.task.signature]))
+        elif node.op in ALIASES and node.outputs[0] not in outputs:
+            low.root[node.outputs[0]] = low.root.get(node.inputs[0], node.inputs[0])
+            low.infos.append(OpInfo(node=node.name, op=node.op, kind="alias"))
+        else:
+            ctx = OpCtx.open(module, graph, node, symbol)
+            try:
+                (generic_anchor if node.task is not None else OPS[node.op])(ctx)
+            except (UnsupportedOp, ValueError) as exc:
+                raise BuildError(str(exc)) from exc
+            ctx.close()
+            low.constants.update(ctx.new_constants)
+            low.calls.append(_Call(node, symbol, ctx.slots, anchor=False))
+            low.infos.append(OpInfo(node=node.name, op=node.op, kind="generated" if node.task is None else "generic",
+                                    task=node.task.description if node.task else None,
+                                    task_signature=node.task.signature if node.task else None))
+    return low
 
 
 def _anchor(graph: Graph, node: Node, choice: Choice, target: Target, threads: int,
