@@ -63,6 +63,31 @@ def test_derived_features_have_the_loop_nest_values(host):
     assert f["n_blocks"] == 8 and f["chunks_per_core"] == 4 and f["pack_a"] == 1
 
 
+@pytest.mark.parametrize("op, opts", [("dense", {"m": 127, "n": 1000, "k": 777, "epilogue": "bias,relu"}),
+                                      ("batch_matmul", {"b": 3, "m": 33, "n": 65, "k": 17}),
+                                      ("conv2d", {"input": "1x32x17x13", "weight": "32x1x3x3", "stride": "2",
+                                                  "pad": "1", "groups": 32})])
+def test_every_template_gets_finite_features(host, op, opts):
+    from stages.templates import TEMPLATES
+
+    if op not in TEMPLATES:
+        pytest.skip(f"no {op} template")
+    task = TEMPLATES[op].task_from_cli(opts)
+    values = random_rows(task, host, 16)
+    x = featurize(task, host, 2, values)
+    assert task.op in FEATURES and x.shape[0] == len(values["mr"]) and np.isfinite(x).all()
+
+
+def test_gemm_features_read_shapes_from_the_output_and_flops(host):
+    from stages.templates import TEMPLATES
+
+    if "dense" not in TEMPLATES:
+        pytest.skip("no dense template")
+    knobs = knob_columns([{"mr": 4, "nv": 1, "vw": 16, "kc": 64, "mc": 4, "nc": 4, "uk": 2}])
+    dense = TEMPLATES["dense"].task_from_cli({"m": 127, "n": 1000, "k": 777})
+    assert np.array_equal(featurize(dense, host, 1, knobs), featurize(matmul_task(127, 1000, 777), host, 1, knobs))
+
+
 def test_ops_without_a_feature_function_get_generic_features(host):
     task = TuningTask(op="conv2d", inputs=(TensorSpec(shape=(1, 3, 7, 7)), TensorSpec(shape=(5, 3, 3, 3))),
                       outputs=(TensorSpec(shape=(1, 5, 5, 5)),))
@@ -142,3 +167,16 @@ def test_session_resumes_from_an_exact_match_in_a_transfer_log(tmp_path, host, s
     assert again.trials == 10 and len(log.records()) == 10
     transfer = load_transfer([str(tmp_path / "other")], small.task, host.key, small.threads)
     assert len(transfer.exact) == 10 and transfer.related == ()
+
+
+def test_transfer_takes_the_op_family_and_nothing_else(tmp_path, host, small):
+    from stages.templates import TEMPLATES
+
+    if "dense" not in TEMPLATES:
+        pytest.skip("no dense template")
+    src = TuningLog(tmp_path / "mm")
+    src.append(list(small.records.values())[:5])
+    dense = TEMPLATES["dense"].task_from_cli({"m": 24, "n": 40, "k": 16})
+    assert len(load_transfer([str(tmp_path / "mm")], dense, host.key, 1).related) == 5
+    conv = TEMPLATES["conv2d"].task_from_cli({"input": "1x4x6x6", "weight": "4x4x3x3"})
+    assert load_transfer([str(tmp_path / "mm")], conv, host.key, 1) == load_transfer([], conv, host.key, 1)

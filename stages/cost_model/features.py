@@ -76,9 +76,15 @@ def gemm_features(m: int, n: int, k: int, target: Target, threads: int, v: Colum
     }
 
 
-def matmul_features(task: TuningTask, target: Target, threads: int, v: Columns) -> Columns:
-    (m, k), (_, n) = task.inputs[0].shape, task.inputs[1].shape
-    return gemm_features(m, n, k, target, threads, v)
+def gemm_task_features(task: TuningTask, target: Target, threads: int, v: Columns) -> Columns:
+    """matmul, dense and batch_matmul share the GEMM schedule: read M, N from the output, K from
+    the FLOP count (so weight layout and transposes do not matter), the batch as one more feature."""
+    *batch, m, n = task.outputs[0].shape
+    b = math.prod(batch)
+    k = task.flops // (2 * b * m * n)
+    out = gemm_features(m, n, k, target, threads, v)
+    out["batch_log"] = np.full(len(v["mr"]), math.log2(b))
+    return out
 
 
 def conv2d_features(task: TuningTask, target: Target, threads: int, v: Columns) -> Columns:
@@ -135,7 +141,8 @@ def _code(col: np.ndarray) -> np.ndarray:
     return np.array([zlib.crc32(str(x).encode()) % 997 for x in col], dtype=np.float64)
 
 
-FEATURES: dict[str, FeatureFn] = {"matmul": matmul_features, "conv2d": conv2d_features}
+FEATURES: dict[str, FeatureFn] = {"matmul": gemm_task_features, "dense": gemm_task_features,
+                                  "batch_matmul": gemm_task_features, "conv2d": conv2d_features}
 
 
 def featurize(task: TuningTask, target: Target, threads: int, values: Columns) -> np.ndarray:
