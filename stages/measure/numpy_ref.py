@@ -33,7 +33,10 @@ def blas_kernel() -> str:
 
 
 def _numpy_fn(task: TuningTask):
-    if task.op in ("matmul", "dense", "batch_matmul"):
+    if task.op == "dense":
+        ta, tb = bool(task.attrs.get("trans_a", False)), bool(task.attrs.get("trans_b", True))
+        return lambda xs: (xs[0].T if ta else xs[0]) @ (xs[1].T if tb else xs[1])
+    if task.op in ("matmul", "batch_matmul"):
         return lambda xs: np.matmul(xs[0], xs[1])
     if task.op == "conv2d":
         from stages.templates.conv2d_shape import numpy_conv
