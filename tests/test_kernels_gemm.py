@@ -149,3 +149,20 @@ def test_cli_tasks():
     with pytest.raises(ValueError, match="do not broadcast"):
         batch_matmul.task((2, 3, 4), (3, 4, 5))
     assert "batch_matmul" in TEMPLATES and "dense" in TEMPLATES
+
+
+@pytest.mark.e2e
+def test_cli_tunes_dense_with_epilogue(tmp_path):
+    """`tune-op dense ... --epilogue bias,relu` end to end (stages directly, real measurements)."""
+    import json
+    import subprocess
+    import sys
+
+    cmd = [sys.executable, "-m", "tunaflow", "tune-op", "dense", "--m", "8", "--n", "40", "--k", "16",
+           "--epilogue", "bias,relu", "--trials", "4", "--batch-size", "4", "--no-prefect", "--json",
+           "--log", str(tmp_path / "log")]
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=300, check=True).stdout
+    result = json.loads(out.strip().splitlines()[-1])
+    assert result["task"] == "dense(8x16,40x16,40)+bias+relu"
+    assert result["trials"] == 4 and not result["errors"]
+    assert result["best_gflops"] > 0 and result["numpy_gflops"] > 0
