@@ -10,9 +10,9 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 class MeasureOptions(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
-    number: int = Field(default=3, ge=1, description="calls per repeat (raised by min_repeat_ms)")
-    repeat: int = Field(default=5, ge=1, description="timed repeats; the median is the cost")
-    min_repeat_ms: float = Field(default=20.0, ge=0, description="a repeat lasts at least this long")
+    number: int = Field(default=1, ge=1, description="calls per repeat (raised by min_repeat_ms)")
+    repeat: int = Field(default=3, ge=1, description="timed repeats; the median is the cost")
+    min_repeat_ms: float = Field(default=10.0, ge=0, description="a repeat lasts at least this long")
     timeout: float = Field(default=10.0, gt=0, description="seconds before a run is killed")
     build_timeout: float = Field(default=30.0, gt=0, description="seconds before a build is abandoned")
     enable_cpu_cache_flush: bool = False

@@ -27,15 +27,12 @@ class LocalRunner:
         self._proc: mp.process.BaseProcess | None = None
         self._conn = None
         self._seen: set[str] = set()
+        self._ready = False
         self._starts = 0
         self.restarts = 0
+        self._spawn()  # its imports overlap with the first builds
 
-    def start(self) -> None:
-        """Start the worker (if it is not running) and wait until it is ready to measure."""
-        if self._proc is not None and self._proc.is_alive():
-            return
-        if self._proc is not None:
-            self._kill()
+    def _spawn(self) -> None:
         if self._starts:
             self.restarts += 1
         self._starts += 1
@@ -43,11 +40,20 @@ class LocalRunner:
         self._proc = self._ctx.Process(target=worker.serve, args=(child,), daemon=True, name="tunaflow-runner")
         self._proc.start()
         child.close()
-        self._conn = parent
-        self._seen = set()
-        if not (parent.poll(START_TIMEOUT_S) and parent.recv() == worker.READY):
+        self._conn, self._ready, self._seen = parent, False, set()
+
+    def start(self) -> None:
+        """Start the worker (if it is not running) and wait until it is ready to measure."""
+        if self._proc is None or not self._proc.is_alive():
+            self._kill()
+            self._spawn()
+        if self._ready:
+            return
+        assert self._conn is not None
+        if not (self._conn.poll(START_TIMEOUT_S) and self._conn.recv() == worker.READY):
             self._kill()
             raise RuntimeError(f"measurement worker did not start within {START_TIMEOUT_S:.0f} s")
+        self._ready = True
 
     def _kill(self) -> None:
         if self._proc is not None:

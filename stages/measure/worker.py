@@ -84,7 +84,7 @@ def run(req: RunRequest, cache: _TaskData) -> RunReply:
         return RunReply(MeasureErrorNo.wrong_answer, f"output differs from numpy reference: max abs error {err:.3g}",
                         (), time.perf_counter() - start)
     number = opts.number
-    if opts.min_repeat_ms > 0:
+    if opts.min_repeat_ms > 0 and first * opts.number < opts.min_repeat_ms / 1000.0:
         # The cold first call overstates later ones: estimate from about a millisecond of warm calls.
         warm = kernel.time(args, max(1, min(1000, int(1e-3 / max(first, 1e-9)))))
         if warm > 0:

@@ -1,0 +1,211 @@
+"""Measurement benchmark: is what the runner reports true, how noisy is it, how fast is a session.
+
+(a) accuracy: the runner's median for a kernel vs the same object linked with `cc -shared` and
+    called in a Python loop through ctypes (the way the final library calls it), interleaved;
+(b) noise: coefficient of variation of repeated measurements of one config;
+(c) throughput: trials/s of a 512^3 matmul session on this machine's cores, local and over RPC
+    (tracker + one agent on 127.0.0.1), same seed and configs.
+
+Writes the `measure` section of benchmarks/RESULTS.md.
+Run: flock /tmp/bench.lock .venv/bin/python benchmarks/measure.py
+"""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+import os
+import secrets
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+from results import replace_section  # noqa: E402
+
+from schemas import MeasureOptions, Target, TuningOptions, matmul_task  # noqa: E402
+from schemas.options import RunnerSpec  # noqa: E402
+from stages.log import TuningLog  # noqa: E402
+from stages.measure.builder import build_one  # noqa: E402
+from stages.measure.runner import LocalRunner  # noqa: E402
+from stages.templates import matmul  # noqa: E402
+from stages.tune.session import run_session_with_default  # noqa: E402
+
+TASK = matmul_task(512, 512, 512)
+COMMAND = "flock /tmp/bench.lock .venv/bin/python benchmarks/measure.py"
+
+
+def linked_loop_s(obj: bytes, args, tmp: Path, rounds: int, seconds: float = 0.1) -> list[float]:
+    """Seconds per call of `tf_main` from a `cc -shared` library, called in a ctypes loop."""
+    (tmp / "k.o").write_bytes(obj)
+    subprocess.run(["cc", "-shared", "-o", str(tmp / "k.so"), str(tmp / "k.o"), "-lpthread"], check=True)
+    fn = ctypes.CDLL(str(tmp / "k.so")).tf_main
+    fn.argtypes, fn.restype = [ctypes.c_void_p], None
+    ptrs = (ctypes.c_void_p * len(args))(*[a.ctypes.data for a in args])
+    fn(ptrs)
+    start = time.perf_counter()
+    fn(ptrs)
+    calls = max(1, int(seconds / (time.perf_counter() - start)))
+    out = []
+    for _ in range(rounds):
+        start = time.perf_counter()
+        for _ in range(calls):
+            fn(ptrs)
+        out.append((time.perf_counter() - start) / calls)
+    return out
+
+
+def accuracy(target: Target, threads: int, rounds: int) -> list[dict]:
+    space = matmul.space(TASK, target)
+    configs = [matmul.default_config(TASK, target)] + [space.config(i) for i in list(space.valid_indices())[::4001][:2]]
+    rows = []
+    opts = MeasureOptions(threads=threads)
+    with LocalRunner(opts) as runner:
+        for config in configs:
+            build = build_one(TASK, config, target, threads)
+            args = matmul.kernel_args(TASK, config.knobs, matmul.make_inputs(TASK))
+            runner_s, linked_s, spreads = [], [], []
+            with tempfile.TemporaryDirectory() as tmp:
+                for _ in range(rounds):  # interleaved: runner, then library, then runner ...
+                    result = runner.run_one(build)
+                    runner_s.append(result.median)
+                    spreads.append(result.spread)
+                    linked_s.append(statistics.median(linked_loop_s(build.obj, args, Path(tmp), 5)))
+            r, lib = statistics.median(runner_s), statistics.median(linked_s)
+            rows.append({"config": config.short(), "runner_ms": r * 1e3, "library_ms": lib * 1e3, "ratio": r / lib,
+                         "spread": statistics.median(spreads)})
+    return rows
+
+
+def noise(target: Target, threads: int, n: int) -> dict:
+    config = matmul.default_config(TASK, target)
+    build = build_one(TASK, config, target, threads)
+    with LocalRunner(MeasureOptions(threads=threads)) as runner:
+        results = [runner.run_one(build) for _ in range(n)]
+    medians = [r.median for r in results]
+    return {"n": n, "median_ms": statistics.median(medians) * 1e3,
+            "cv": statistics.stdev(medians) / statistics.mean(medians),
+            "within_spread": statistics.median(r.spread for r in results),
+            "min_max": (min(medians) * 1e3, max(medians) * 1e3)}
+
+
+def session(target: Target, options: TuningOptions) -> dict:
+    with tempfile.TemporaryDirectory() as tmp:
+        start = time.perf_counter()
+        summary, default = run_session_with_default(TASK, target, options, TuningLog(tmp))
+        wall = time.perf_counter() - start
+        records = TuningLog(tmp).records()
+    trials = [r for r in records if r.tuner != "remeasure"]
+    loop_s = (max(r.result.timestamp for r in trials) - default.timestamp).total_seconds()
+    return {"trials": len(trials), "wall_s": wall, "trials_per_s": len(trials) / wall,
+            "loop_trials_per_s": len(trials) / loop_s,
+            "build_s": sum(r.result.build_s for r in trials), "run_s": sum(r.result.run_s for r in trials),
+            "errors": summary.errors, "best_gflops": summary.best_gflops,
+            "default_ok": default.ok}
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def rpc_session(target: Target, options: TuningOptions) -> dict:
+    """The same session measured by one agent behind a tracker on 127.0.0.1."""
+    port = free_port()
+    env = {**os.environ, "TUNAFLOW_RPC_TOKEN": secrets.token_hex(16)}
+    cmd = [sys.executable, "-m", "tunaflow"]
+    procs = [subprocess.Popen([*cmd, "tracker", "serve", "--port", str(port)], cwd=ROOT, env=env,
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)]
+    try:
+        procs.append(subprocess.Popen([*cmd, "runner", "serve", "--tracker", f"127.0.0.1:{port}", "--key", "bench"],
+                                      cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
+        os.environ["TUNAFLOW_RPC_TOKEN"] = env["TUNAFLOW_RPC_TOKEN"]
+        from stages.rpc.client import TrackerClient, TrackerError
+
+        client = TrackerClient(f"http://127.0.0.1:{port}", env["TUNAFLOW_RPC_TOKEN"])
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                if any(k.devices for k in client.status().keys):
+                    break
+            except TrackerError:
+                pass
+            if time.monotonic() > deadline:
+                raise RuntimeError("agent did not register")
+            time.sleep(0.2)
+        time.sleep(2.0)  # let the agent's worker finish starting before the clock runs
+        spec = RunnerSpec(kind="rpc", key="bench", port=port)
+        return session(target, options.model_copy(update={"runner": spec}))
+    finally:
+        for p in procs:
+            p.send_signal(2)
+        for p in procs:
+            try:
+                p.wait(10)
+            except subprocess.TimeoutExpired:
+                p.kill()
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--trials", type=int, default=64)
+    ap.add_argument("--rounds", type=int, default=5, help="interleaved rounds of the accuracy comparison")
+    ap.add_argument("--noise-n", type=int, default=20)
+    ap.add_argument("--no-write", action="store_true", help="print, leave RESULTS.md alone")
+    a = ap.parse_args()
+    target = Target.host()
+    threads = len(os.sched_getaffinity(0))
+
+    acc = accuracy(target, threads, a.rounds)
+    for row in acc:
+        print("accuracy", row)
+    nz = noise(target, threads, a.noise_n)
+    print("noise", nz)
+    options = TuningOptions(n_trials=a.trials, batch_size=16, tuner="random", seed=0,
+                            measure=MeasureOptions(threads=threads))
+    local = session(target, options)
+    print("local", local)
+    rpc = rpc_session(target, options)
+    print("rpc", rpc)
+    overhead = local["trials_per_s"] / rpc["trials_per_s"] - 1
+    print(f"rpc overhead {overhead:.1%}")
+
+    m = MeasureOptions()
+    lines = [
+        f"Command: `{COMMAND}`", "",
+        f"Host {target.cpu}, {threads} cores; kernels run with {threads} threads; runner defaults: number={m.number}, "
+        f"repeat={m.repeat}, min_repeat_ms={m.min_repeat_ms:g}, no cache flush. Times are medians.", "",
+        f"### (a) Accuracy: runner vs the same object linked with `cc -shared`, ctypes loop ({a.rounds} interleaved "
+        "rounds)", "",
+        "| config | runner ms | library ms | runner / library | runner spread (CV) |", "|---|---|---|---|---|",
+        *[f"| {r['config']} | {r['runner_ms']:.3f} | {r['library_ms']:.3f} | {r['ratio']:.3f} | {r['spread']:.1%} |"
+          for r in acc],
+        "", f"Worst ratio {max(acc, key=lambda r: abs(r['ratio'] - 1))['ratio']:.3f} (goal: within 0.95-1.05).", "",
+        "### (b) Noise: one config (the default schedule) measured repeatedly", "",
+        f"{nz['n']} measurements, median {nz['median_ms']:.3f} ms, range {nz['min_max'][0]:.3f}-"
+        f"{nz['min_max'][1]:.3f} ms: CV of the medians {nz['cv']:.1%}; median CV within one measurement "
+        f"{nz['within_spread']:.1%}.", "",
+        f"### (c) Throughput: {a.trials}-trial random-search session, matmul 512^3 (wall clock incl. startup, "
+        "default measurement and top-3 re-measurement)", "",
+        "| runner | trials/s (wall) | trials/s (tuning loop) | wall s | build s (sum) | run s (sum) | best GFLOPS "
+        "| errors |", "|---|---|---|---|---|---|---|---|",
+        *[f"| {name} | {s['trials_per_s']:.2f} | {s['loop_trials_per_s']:.2f} | {s['wall_s']:.1f} | "
+          f"{s['build_s']:.1f} | {s['run_s']:.1f} | {s['best_gflops']:.1f} | {s['errors'] or '-'} |"
+          for name, s in (("local", local), ("rpc (loopback)", rpc))],
+        "", f"RPC overhead over local: {overhead:.1%} (goal <= 20%). Local goal >= 5 trials/s.",
+    ]
+    if not a.no_write:
+        replace_section("measure", "Measurement: accuracy, noise, throughput (`benchmarks/measure.py`)",
+                        "\n".join(lines))
+
+
+if __name__ == "__main__":
+    main()
