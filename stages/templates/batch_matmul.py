@@ -17,7 +17,7 @@ from schemas.config import Config
 from schemas.target import Target
 from schemas.task import EpilogueOp, TensorSpec, TuningTask, parse_epilogue
 from stages.templates import epilogue
-from stages.templates.gemm_codegen import GemmSpec, Schedule, build_module
+from stages.templates.gemm_codegen import GemmSpec, Schedule, aligned_zeros, build_module
 from stages.templates.gemm_schedule import default_gemm, gemm_space
 from stages.templates.space import ConfigSpace, Knobs
 
@@ -93,7 +93,7 @@ def reference(task: TuningTask, inputs: list[np.ndarray]) -> np.ndarray:
 
 def kernel_args(task: TuningTask, knobs: Knobs, inputs: list[np.ndarray]) -> list[np.ndarray]:
     """`[A, B, *epilogue tensors, C]`: nothing is packed (both operands are activations)."""
-    return [*(np.ascontiguousarray(t) for t in inputs), np.zeros(task.outputs[0].shape, dtype=np.float32)]
+    return [*(np.ascontiguousarray(t) for t in inputs), aligned_zeros(task.outputs[0].shape)]
 
 
 def build_ir(task: TuningTask, knobs: Knobs, target: Target, threads: int = 1) -> ir.Module:

@@ -16,6 +16,7 @@ Kernel arguments: `[A, B, *epilogue tensors, C]` (see `epilogue`).
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -90,14 +91,26 @@ class Schedule:
         return cls(**ints, order=str(k["order"]), pack_a=bool(int(k["pack_a"])), par=str(k["par"]))
 
 
+def aligned_zeros(shape: tuple[int, ...]) -> np.ndarray:
+    """A zeroed float32 array starting on a 64-byte boundary (numpy's large arrays start 16 bytes
+    past one, so every 512-bit access would split across two cache lines)."""
+    size = math.prod(shape)
+    raw = np.zeros(size + 16, dtype=np.float32)
+    off = (-raw.ctypes.data % 64) // 4
+    return raw[off:off + size].reshape(shape)
+
+
 def pack_b(b: np.ndarray, nr: int, trans: bool = False) -> np.ndarray:
     """B (K,N) — or (N,K) when `trans` — → panels Bp[ceil(N/nr)][K][nr], zero-padded on N."""
     bt = b.T if trans else b
     k, n = bt.shape
     panels = -(-n // nr)
-    padded = np.zeros((k, panels * nr), dtype=np.float32)
-    padded[:, :n] = bt
-    return np.ascontiguousarray(padded.reshape(k, panels, nr).transpose(1, 0, 2))
+    out = aligned_zeros((panels, k, nr))
+    full = n // nr
+    out[:full] = bt[:, :full * nr].reshape(k, full, nr).transpose(1, 0, 2)
+    if full < panels:
+        out[full, :, :n - full * nr] = bt[:, full * nr:]
+    return out
 
 
 def work_items(spec: GemmSpec, s: Schedule) -> int:

@@ -13,7 +13,7 @@ from schemas.config import Config
 from schemas.target import Target
 from schemas.task import EpilogueOp, TensorSpec, TuningTask, parse_epilogue
 from stages.templates import epilogue
-from stages.templates.gemm_codegen import GemmSpec, Schedule, build_module, pack_b
+from stages.templates.gemm_codegen import GemmSpec, Schedule, aligned_zeros, build_module, pack_b
 from stages.templates.gemm_schedule import default_gemm, gemm_space
 from stages.templates.space import ConfigSpace, Knobs
 
@@ -71,7 +71,7 @@ def kernel_args(task: TuningTask, knobs: Knobs, inputs: list[np.ndarray]) -> lis
     a, b, *rest = inputs
     nr = int(knobs["nv"]) * int(knobs["vw"])
     return [np.ascontiguousarray(a), pack_b(b, nr), *(np.ascontiguousarray(t) for t in rest),
-            np.zeros((m, n), dtype=np.float32)]
+            aligned_zeros((m, n))]
 
 
 def build_ir(task: TuningTask, knobs: Knobs, target: Target, threads: int = 1) -> ir.Module:
