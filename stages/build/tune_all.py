@@ -16,7 +16,7 @@ from schemas.target import Target
 from schemas.task import TuningTask
 from stages.log import TuningLog
 from stages.measure.builder import Builder
-from stages.measure.runner import LocalRunner
+from stages.measure.factory import make_runner
 from stages.schedule.driver import allocate
 from stages.schedule.scheduler import SCHEDULERS
 from stages.templates import TEMPLATES
@@ -36,7 +36,7 @@ def tune_tasks(tasks: list[TuningTask], weights: list[int], target: Target, opti
     sessions = [TuningSession(t, target, per_task, log, observers(t) if observers else None) for t in tasks]
     remaining = budget - sum(s.trials for s in sessions)
     with Builder.for_options(options.measure) as builder, \
-            LocalRunner(options.measure) as runner:
+            make_runner(options.runner, options.measure) as runner:
 
         def step_for(s: TuningSession):
             def step(n: int) -> tuple[int, float]:

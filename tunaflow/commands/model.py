@@ -8,6 +8,7 @@ from typing import Annotated
 
 import typer
 
+from tunaflow.commands.rpc import DeviceKeyOpt, RunnerKind, TokenFile, TrackerOpt, runner_choice
 from tunaflow.console import err, fail, out, prefect_env
 
 ShapeOpt = Annotated[list[str] | None, typer.Option(
@@ -172,6 +173,10 @@ def tune(
     json_out: JsonOpt = False,
     prefect: Annotated[bool, typer.Option("--prefect/--no-prefect", help="run as a Prefect flow or directly")]
     = True,
+    runner: RunnerKind = "local",
+    key: DeviceKeyOpt = None,
+    tracker: TrackerOpt = "127.0.0.1:9190",
+    token_file: TokenFile = None,
 ) -> None:
     """Extract MODEL's tasks, tune each one, then build the library (resumable from LOG).
 
@@ -183,9 +188,10 @@ def tune(
 
     tgt = _target(target)
     try:
+        spec, tgt = runner_choice(runner, key, tracker, token_file, tgt, target)
         options = TuningOptions(n_trials=trials, tuner=tuner, seed=seed, batch_size=batch_size,
-                                measure=MeasureOptions(threads=threads))
-    except ValidationError as exc:
+                                measure=MeasureOptions(threads=threads), runner=spec)
+    except (ValidationError, ValueError) as exc:
         raise fail(str(exc)) from exc
     from stages.schedule.scheduler import SCHEDULERS
 
