@@ -138,14 +138,16 @@ def run_case(pool, case: Case, n_configs: int, seed: int) -> dict:
     built = pool.map(_compile, [(case.task, k, case.threads) for k in configs], chunksize=4)
     inputs = tpl.make_inputs(case.task)
     ref = tpl.reference(case.task, inputs)
-    cands = []
+    cands, wrong = [], 0
     for knobs, obj, cs in built:
         kernel = LoadedKernel(obj, target)
         args = tpl.kernel_args(case.task, knobs, inputs)
         kernel(args)
         ok, err = compare(args[-1], ref, tpl.dims(case.task)[2])
         if not ok:
-            raise AssertionError(f"{case.name} {knobs}: wrong answer (max abs error {err:.3g})")
+            print(f"WRONG ANSWER {case.name} {knobs}: max abs error {err:.3g}", flush=True)
+            wrong += 1
+            continue
         c = Candidate(knobs, obj, cs)
         c.cost = time_kernel(kernel, args, 0.02)
         cands.append(c)
@@ -164,7 +166,7 @@ def run_case(pool, case: Case, n_configs: int, seed: int) -> dict:
     gf = case.task.flops / 1e9
     return {"case": case.name, "threads": case.threads, "numpy_gflops": gf / np_cost, "default_gflops": gf / med[0],
             "best_gflops": gf / med[best], "default_ratio": np_cost / med[0], "best_ratio": np_cost / med[best],
-            "best_knobs": finalists[best].knobs, "compile_s": [c.compile_s for c in cands]}
+            "best_knobs": finalists[best].knobs, "compile_s": [c.compile_s for c in cands], "wrong": wrong}
 
 
 def goals(rows: list[dict]) -> list[str]:
@@ -225,7 +227,7 @@ def table(rows: list[dict], n_configs: int, command: str) -> str:
                      f"{r['default_ratio']:.2f}x | {r['best_gflops']:.1f} | **{r['best_ratio']:.2f}x** | `{knobs}` |")
     lines += ["", "| goal (issue 9) | target | measured | verdict |", "|---|---|---|---|", *goals(rows), "",
               f"Compile time: IR build + O3 + codegen, wall clock, 2 compiles in parallel, over {n_compiled} "
-              "candidates.", END]
+              f"candidates. Candidates with a wrong answer: {sum(r['wrong'] for r in rows)}.", END]
     return "\n".join(lines)
 
 
