@@ -111,12 +111,14 @@ def export_tunaflow(task, knobs: dict, target, threads: int, work: Path) -> None
     np.savez(work / "args.npz", **{f"a{i}": a for i, a in enumerate(args)})
 
 
-def tune_tvm(spec: dict, budget: int, threads: int, peers_python: str, timeout_s: float, work: Path) -> dict:
+def tune_tvm(spec: dict, budget: int, threads: int, peers_python: str, timeout_s: float, work: Path,
+             build_timeout: float | None = None) -> dict:
     """MetaSchedule in the peers venv, as a subprocess with a timeout; its error is kept when it fails."""
     (work / "workload.json").write_text(json.dumps(spec))
     (work / "target.json").write_text(json.dumps(tvm_target(threads)))
     cmd = [peers_python, str(ROOT / "benchmarks" / "peers_tvm.py"), str(work / "workload.json"), str(budget),
-           str(work / "target.json"), str(work / "ms"), str(work / "lib.so")]
+           str(work / "target.json"), str(work / "ms"), str(work / "lib.so"),
+           *([str(build_timeout)] if build_timeout else [])]
     start = time.perf_counter()
     try:
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s, env=peers_env(threads))
@@ -175,7 +177,8 @@ def run_workload(name: str, args, root: Path) -> dict:
         print(f"{name} tunaflow@{b}: {summary_line(tuned[('tunaflow', b)])}", flush=True)
         d = work / f"tvm-{b}"
         d.mkdir()
-        tuned[("tvm", b)] = tune_tvm(spec, b, args.threads, args.peers_python, timeout(args, b), d)
+        tuned[("tvm", b)] = tune_tvm(spec, b, args.threads, args.peers_python, timeout(args, b), d,
+                                     args.tvm_build_timeout)
         print(f"{name} tvm@{b}: {summary_line(tuned[('tvm', b)])}", flush=True)
         for side in ("tunaflow", "tvm"):
             t = tuned[(side, b)]
@@ -288,7 +291,8 @@ def write_report(results: dict, e2e: dict, args, started: float, load: tuple) ->
         f"- numpy BLAS in the harness: {first.get('blas', '?')} (OPENBLAS_CORETYPE, OPENBLAS_L2_SIZE unset)",
         f"- tunaflow target: `{Target.host().to_string().split(' -mattr=')[0]}` (+ `-mattr=` the host's features)",
         f"- TVM target: `{json.dumps(tvm_target(args.threads))}` → `{tvm_info.get('target', '?')}`; "
-        f"MetaSchedule from `{tvm_info.get('meta_schedule', '?')}` (tune_tir defaults), TVM_NUM_THREADS={args.threads}",
+        f"MetaSchedule from `{tvm_info.get('meta_schedule', '?')}` (tune_tir defaults; LocalBuilder timeout "
+        f"{tvm_info.get('build_timeout_s', 30):g} s), TVM_NUM_THREADS={args.threads}",
         ""]
     PEERS_MD.write_text("\n".join(lines) + kept_notes())
     summary = ["See [PEERS.md](PEERS.md) for versions, targets and failures. Command:", "", "```", args.command,
@@ -344,6 +348,8 @@ def main() -> None:
     ap.add_argument("--timeout-base", type=float, default=120.0, help="tuning timeout = base + per-trial x trials")
     ap.add_argument("--timeout-per-trial", type=float, default=4.0)
     ap.add_argument("--harness-timeout", type=float, default=600.0)
+    ap.add_argument("--tvm-build-timeout", type=float, default=None,
+                    help="raise MetaSchedule's LocalBuilder timeout (default: TVM's 30 s) on a loaded machine")
     ap.add_argument("--e2e-trials", type=int, default=256, help="trials over all of a model's tasks, per thread count")
     ap.add_argument("--no-e2e", action="store_true", help="skip the end-to-end models")
     ap.add_argument("--peers-python", default=str(ROOT / ".venv-peers" / "bin" / "python"))
@@ -366,6 +372,10 @@ def main() -> None:
                 except Exception as exc:  # reported, never dropped
                     e2e[(model, threads)] = {"error": f"{type(exc).__name__}: {exc}"}
                 print(f"e2e {model} {threads}t: {e2e[(model, threads)]}", flush=True)
+        if args.work:
+            dump = {"results": {n: {**r, "tuned": {f"{s}@{b}": t for (s, b), t in r["tuned"].items()}}
+                                for n, r in results.items()}, "e2e": {f"{m}@{t}": r for (m, t), r in e2e.items()}}
+            (root / "results.json").write_text(json.dumps(dump, indent=1, default=str))
     write_report(results, e2e, args, started, load)
     print(PEERS_MD.read_text())
 

@@ -1,10 +1,11 @@
 """Tune one workload with Apache TVM MetaSchedule from scratch and export its best as a shared library.
 
-    peers_tvm.py WORKLOAD.json TRIALS TARGET.json WORK_DIR OUT.so   → one JSON object on stdout
+    peers_tvm.py WORKLOAD.json TRIALS TARGET.json WORK_DIR OUT.so [BUILD_TIMEOUT_S]   → a PEERS_RESULT line
 
 Runs in the peers venv (never in the project's): the caller sets TVM_NUM_THREADS. MetaSchedule
 is looked up where the installed TVM keeps it (`tvm.s_tir.meta_schedule` in 0.27, `tvm.meta_schedule`
-before). `tune_tir` runs with its defaults (xgb cost model, evolutionary search, 64 trials per round).
+before). `tune_tir` runs with its defaults (xgb cost model, evolutionary search, 64 trials per round);
+only the LocalBuilder's timeout (30 s) can be raised, for a loaded machine.
 """
 
 from __future__ import annotations
@@ -53,14 +54,15 @@ def prim_func(w: dict):
     return te.create_prim_func([*args, y]).with_attr("global_symbol", "main")
 
 
-def tune(w: dict, trials: int, target_json: dict, work_dir: str, out: str) -> dict:
+def tune(w: dict, trials: int, target_json: dict, work_dir: str, out: str, build_timeout: float | None) -> dict:
     import tvm
 
     ms, ms_name = meta_schedule()
     target = tvm.target.Target(target_json)
     mod = tvm.IRModule({"main": prim_func(w)})
     start = time.perf_counter()
-    database = ms.tune_tir(mod, target, work_dir, max_trials_global=trials)
+    builder = ms.builder.LocalBuilder(timeout_sec=build_timeout) if build_timeout else "local"
+    database = ms.tune_tir(mod, target, work_dir, max_trials_global=trials, builder=builder)
     sch = ms.tir_integration.compile_tir(database, mod, target)
     tune_s = time.perf_counter() - start
     if sch is None:
@@ -72,11 +74,12 @@ def tune(w: dict, trials: int, target_json: dict, work_dir: str, out: str) -> di
     ok = [c for c in costs if 0 < c < 1e9]
     return {"wall_s": tune_s, "trials": len(records), "failed": len(records) - len(ok),
             "tuning_best_s": min(ok) if ok else None, "meta_schedule": ms_name, "tvm": tvm.__version__,
-            "target": str(target)}
+            "target": str(target), "build_timeout_s": build_timeout or 30.0}
 
 
 if __name__ == "__main__":
     workload, n, target_file, work, lib = sys.argv[1:6]
+    timeout = float(sys.argv[6]) if len(sys.argv) > 6 else None
     with open(workload) as fh, open(target_file) as tf:
-        result = tune(json.load(fh), int(n), json.load(tf), work, lib)
+        result = tune(json.load(fh), int(n), json.load(tf), work, lib, timeout)
     print("PEERS_RESULT " + json.dumps(result))
