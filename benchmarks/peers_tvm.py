@@ -70,7 +70,7 @@ def tune(w: dict, trials: int, target_json: dict, work_dir: str, out: str, build
     build = getattr(tvm, "compile", None) or tvm.build
     build(sch.mod, target=target).export_library(out)
     records = database.get_all_tuning_records()
-    costs = [float(sum(r.run_secs) / len(r.run_secs)) if r.run_secs else math.inf for r in records]
+    costs = [sum(x.value for x in r.run_secs) / len(r.run_secs) if r.run_secs else math.inf for r in records]
     ok = [c for c in costs if 0 < c < 1e9]
     return {"wall_s": tune_s, "trials": len(records), "failed": len(records) - len(ok),
             "tuning_best_s": min(ok) if ok else None, "meta_schedule": ms_name, "tvm": tvm.__version__,
