@@ -10,7 +10,8 @@ import time
 
 import psutil
 import pytest
-from test_rpc import ROOT, TOKEN, Cluster, distinct_builds
+from test_rpc import ROOT, TOKEN, Cluster
+from test_rpc_restart import builds
 
 from schemas import MeasureErrorNo
 from stages.faults.hostile_rpc import SlowConnections, Tally, bad_credentials, burst, malformed, oversized, replayed
@@ -52,7 +53,7 @@ def test_hostile_requests_get_the_right_status_and_leave_nothing_behind(cluster,
     assert fds1 <= fds0 + 4, f"file descriptors {fds0} -> {fds1}"
     assert rss1 - rss0 < 40, f"RSS {rss0:.0f} -> {rss1:.0f} MiB"
     with cluster.runner() as runner:
-        results = runner.run(distinct_builds(host, 2))
+        results = runner.run(builds(host, 2))
     assert [r.error_no for r in results] == [MeasureErrorNo.no_error] * 2
 
 
