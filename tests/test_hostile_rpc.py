@@ -3,18 +3,22 @@ tracker neither crashes nor keeps the resources, and it still serves real work a
 
 from __future__ import annotations
 
+import asyncio
 import os
 import subprocess
 import sys
 import time
 
+import httpx
 import psutil
 import pytest
+from fastapi import FastAPI
 from test_rpc import ROOT, TOKEN, Cluster
 from test_rpc_restart import builds
 
 from schemas import MeasureErrorNo
 from stages.faults.hostile_rpc import SlowConnections, Tally, bad_credentials, burst, malformed, oversized, replayed
+from stages.rpc.auth import AUTH_HEADER, Guard, RequestSigner, signature
 
 
 def footprint(pid: int) -> tuple[float, int]:
@@ -66,3 +70,24 @@ def test_the_tracker_binds_loopback_by_default_and_refuses_to_start_without_a_to
         proc = subprocess.run([sys.executable, "-m", "tunaflow", "tracker", "serve", "--host", host, "--port", "1"],
                               cwd=ROOT, env=env, capture_output=True, text=True, timeout=60)
         assert proc.returncode == 2 and "no RPC token" in proc.stderr, proc.stderr
+
+
+def test_nonces_are_forgotten_after_the_window_and_old_requests_stay_refused():
+    app = FastAPI()
+    app.get("/v1/status")(lambda: {"ok": True})
+    guard = Guard(app, TOKEN, window_s=0.2)
+
+    async def scenario() -> list[int]:
+        transport = httpx.ASGITransport(app=guard)
+        async with httpx.AsyncClient(transport=transport, base_url="http://t", auth=RequestSigner(TOKEN)) as http:
+            statuses = [(await http.get("/v1/status")).status_code for _ in range(50)]
+            captured = {AUTH_HEADER: signature(TOKEN, "GET", "/v1/status", b"")}
+            statuses.append((await http.get("/v1/status", auth=None, headers=captured)).status_code)
+            assert len(guard._seen) == 51
+            await asyncio.sleep(0.5)
+            statuses.append((await http.get("/v1/status", auth=None, headers=captured)).status_code)
+            statuses.append((await http.get("/v1/status")).status_code)
+            assert len(guard._seen) == 1
+        return statuses
+
+    assert asyncio.run(scenario()) == [200] * 51 + [401, 200]
