@@ -166,3 +166,19 @@ def test_cli_tunes_dense_with_epilogue(tmp_path):
     assert result["task"] == "dense(8x16,40x16,40)+bias+relu"
     assert result["trials"] == 4 and not result["errors"]
     assert result["best_gflops"] > 0 and result["numpy_gflops"] > 0
+
+
+@pytest.mark.parametrize("name", ["host", "x86-64-avx2", "x86-64-avx512", "aarch64"])
+def test_default_schedule_is_sound_per_target(name):
+    """Full vector width, a register tile using most of the register file, blocks within the caches,
+    and at least two parallel blocks per core on a large matmul."""
+    target = preset(name)
+    task = matmul.task(1024, 1024, 1024)
+    k = matmul.default_config(task, target).knobs
+    mr, nv, vw, kc, mc = (int(k[x]) for x in ("mr", "nv", "vw", "kc", "mc"))
+    assert vw == target.vector_lanes
+    assert 0.75 * target.vector_registers <= mr * nv + nv + 1 <= target.vector_registers
+    assert mc * mr * kc * 4 <= target.l2_bytes and int(k["pack_a"]) == 1
+    from stages.templates.gemm_codegen import GemmSpec, Schedule, work_items
+
+    assert work_items(GemmSpec(m=1024, n=1024, k=1024), Schedule.from_knobs(k)) >= 2 * target.cores
