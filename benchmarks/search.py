@@ -256,7 +256,7 @@ def main(argv: list[str] | None = None) -> None:
     go = sub.add_parser("run", help="compare tuners in simulation, schedulers, and one real session")
     go.add_argument("--seeds", type=int, default=5)
     go.add_argument("--budget", type=int, default=600)
-    go.add_argument("--schedule-budget", type=int, default=192)
+    go.add_argument("--schedule-budget", type=int, default=320)
     go.add_argument("--real-trials", type=int, default=128, help="0 skips the real session")
     args = parser.parse_args(argv)
     if args.cmd == "record":
