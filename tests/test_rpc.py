@@ -218,3 +218,15 @@ def test_tune_op_over_rpc_from_the_command_line(cluster, tmp_path):
     nobody = subprocess.run([*args, "--key", "nobody"], cwd=ROOT, capture_output=True, text=True, timeout=120,
                             env=cluster.env)
     assert nobody.returncode == 2 and "no device under key 'nobody'" in nobody.stderr
+
+
+def test_servers_refuse_to_start_without_a_token(tmp_path):
+    env = {k: v for k, v in os.environ.items() if k != "TUNAFLOW_RPC_TOKEN"}
+    for args in (["tracker", "serve", "--port", str(free_port())], ["runner", "serve", "--key", "dev"]):
+        r = subprocess.run([sys.executable, "-m", "tunaflow", *args], cwd=ROOT, capture_output=True, text=True,
+                           timeout=60, env=env)
+        assert r.returncode == 2 and "no RPC token" in r.stderr, (args, r.stderr)
+    (tmp_path / "short").write_text("abc\n")
+    r = subprocess.run([sys.executable, "-m", "tunaflow", "tracker", "status", "--token-file", str(tmp_path / "short")],
+                       cwd=ROOT, capture_output=True, text=True, timeout=60, env=env)
+    assert r.returncode == 2 and "shorter than 16 characters" in r.stderr
