@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from datetime import UTC, datetime
 from pathlib import Path
 
 import numpy as np
@@ -38,15 +39,24 @@ def sample_task(name: str):
     return TEMPLATES[op].task_from_cli(dict(opts))
 
 
-def record(name: str, n: int, seed: int) -> None:
-    """Measure `n` uniformly drawn valid configs (resumes: the log's configs are not re-measured)."""
+def record(name: str, n: int, seed: int, until: str | None = None) -> None:
+    """Measure `n` uniformly drawn valid configs (resumes: the log's configs are not re-measured),
+    stopping early at `until` (HH:MM, UTC) if given."""
     from schemas import MeasureOptions, Target, TuningOptions
     from stages.log import TuningLog
     from stages.tune.session import run_session
 
     task = sample_task(name)
     measure = MeasureOptions(number=1, repeat=3, min_repeat_ms=5.0, timeout=5.0, threads=1)
-    options = TuningOptions(n_trials=n, batch_size=32, tuner="random", seed=seed, measure=measure)
+    timeout = None
+    if until:
+        now = datetime.now(UTC)
+        hh, mm = (int(x) for x in until.split(":"))
+        timeout = (now.replace(hour=hh, minute=mm, second=0, microsecond=0) - now).total_seconds()
+        if timeout <= 0:
+            print(json.dumps({"sample": name, "skipped": f"past {until} UTC"}))
+            return
+    options = TuningOptions(n_trials=n, batch_size=32, tuner="random", seed=seed, measure=measure, timeout_s=timeout)
     summary = run_session(task, Target.host(), options, TuningLog(SAMPLES / name))
     print(json.dumps({"sample": name, "trials": summary.trials, "new": summary.new_trials,
                       "wall_s": round(summary.wall_s, 1), "best_gflops": round(summary.best_gflops, 1),
@@ -253,6 +263,7 @@ def main(argv: list[str] | None = None) -> None:
     rec.add_argument("name", choices=sorted(SAMPLE_TASKS))
     rec.add_argument("--n", type=int, default=2000)
     rec.add_argument("--seed", type=int, default=0)
+    rec.add_argument("--until", help="stop recording at this UTC time, HH:MM")
     go = sub.add_parser("run", help="compare tuners in simulation, schedulers, and one real session")
     go.add_argument("--seeds", type=int, default=5)
     go.add_argument("--budget", type=int, default=600)
@@ -260,7 +271,7 @@ def main(argv: list[str] | None = None) -> None:
     go.add_argument("--real-trials", type=int, default=128, help="0 skips the real session")
     args = parser.parse_args(argv)
     if args.cmd == "record":
-        record(args.name, args.n, args.seed)
+        record(args.name, args.n, args.seed, args.until)
     else:
         run(args.seeds, args.budget, args.schedule_budget, args.real_trials)
 
