@@ -200,8 +200,7 @@ def real_section(trials: int) -> list[str]:
     from schemas import MeasureOptions, Target, TuningOptions
     from stages.log import TuningLog
     from stages.measure.builder import Builder
-    from stages.measure.numpy_ref import blas_kernel, numpy_gflops
-    from stages.measure.runner import LocalRunner
+    from stages.measure.factory import make_runner
     from stages.tune.session import TuningSession, measure, measure_default_config
 
     task = sample_task("matmul_512")
@@ -210,7 +209,8 @@ def real_section(trials: int) -> list[str]:
              "|---|---|---|---|---|---|---|"]
     for tuner in ("lgbm", "random"):
         options = TuningOptions(n_trials=trials, batch_size=16, tuner=tuner, seed=0, measure=MeasureOptions(threads=1))
-        with tempfile.TemporaryDirectory() as tmp, Builder() as builder, LocalRunner(options.measure) as runner:
+        with tempfile.TemporaryDirectory() as tmp, Builder.for_options(options.measure) as builder, \
+                make_runner(options.runner, options.measure) as runner:
             session = TuningSession(task, target, options, TuningLog(tmp))
             default = measure_default_config(builder, runner, task, target)
             while not session.done and (configs := session.propose()):
@@ -222,7 +222,6 @@ def real_section(trials: int) -> list[str]:
         share = f"{model_s / summary.wall_s:.1%}" if rounds else "-"
         lines.append(f"| {tuner} | {summary.trials} | {summary.wall_s:.1f} | {summary.best_gflops:.1f} | "
                      f"{dflops:.1f} | {model_s:.2f} | {share} |")
-    lines += ["", f"numpy (1 thread, {blas_kernel()}): {numpy_gflops(task, 1):.1f} GFLOPS"]
     return lines
 
 
