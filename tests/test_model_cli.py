@@ -108,6 +108,7 @@ def test_tune_model_flow(model, tmp_path, prefect_server):
 
     options = TuningOptions(n_trials=4, batch_size=2, tuner="random", measure=MeasureOptions(threads=1))
     result = tune_model(str(model), "host", options, str(tmp_path / "log"), str(tmp_path / "lib"))
-    assert [s.trials for s in result["summaries"]] == [2, 2]
+    trials = [s.trials for s in result["summaries"]]
+    assert sum(trials) == 4 and min(trials) >= 1
     assert {op.kind for op in result["manifest"].ops} == {"tuned", "generated", "alias"}
     assert (tmp_path / "lib" / "model.so").is_file() and len(result["charts"]) == 2

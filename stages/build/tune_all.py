@@ -1,7 +1,8 @@
 """Tune every task of a model before its build, under one global trial budget.
 
 The task scheduler (`stages/schedule`, gradient-based by default, as in Ansor) picks which task
-gets the next batch, weighting each task by how often it occurs in the model. One builder and
+gets the next batch, weighting each task by how often it occurs in the model. A task's first
+trial is its template's default schedule, so apply-best never picks a schedule measured slower. One builder and
 one runner serve every task. The budget counts the trials already in the log for these tasks,
 so a rerun with the same budget resumes instead of starting over.
 """
@@ -40,6 +41,10 @@ def tune_tasks(tasks: list[TuningTask], weights: list[int], target: Target, opti
 
         def step_for(s: TuningSession):
             def step(n: int) -> tuple[int, float]:
+                if s.trials == 0:  # the default schedule is the first trial: the build never picks worse
+                    default = s.template.default_config(s.task, target)
+                    s.record([default], measure(builder, runner, s.task, [default], target))
+                    return 1, s.best.result.median if s.best else math.inf
                 configs = [] if s.done else s.propose()[:n]
                 if not configs:
                     return 0, math.inf
