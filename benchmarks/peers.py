@@ -350,7 +350,7 @@ def main() -> None:
     ap.add_argument("--harness-timeout", type=float, default=600.0)
     ap.add_argument("--tvm-build-timeout", type=float, default=None,
                     help="raise MetaSchedule's LocalBuilder timeout (default: TVM's 30 s) on a loaded machine")
-    ap.add_argument("--e2e-trials", type=int, default=256, help="trials over all of a model's tasks, per thread count")
+    ap.add_argument("--e2e-trials", type=int, default=128, help="trials over all of a model's tasks, per thread count")
     ap.add_argument("--no-e2e", action="store_true", help="skip the end-to-end models")
     ap.add_argument("--peers-python", default=str(ROOT / ".venv-peers" / "bin" / "python"))
     ap.add_argument("--note", default="", help="a line printed at the top of PEERS.md (e.g. machine conditions)")
