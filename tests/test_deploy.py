@@ -36,7 +36,7 @@ def test_deploy_all_then_run_one_deployment_with_an_override(prefect_server, tmp
 
     log = tmp_path / "log"
     op = {"op": "matmul", "inputs": [{"shape": [16, 8]}, {"shape": [8, 24]}], "outputs": [{"shape": [16, 24]}]}
-    options = {"n_trials": 3, "batch_size": 3, "tuner": "random",
+    options = {"n_trials": 3, "batch_size": 3, "tuner": "random", "top_k_remeasure": 0,
                "measure": {"number": 1, "repeat": 2, "min_repeat_ms": 1, "n_parallel": 1}}
     flow_run = run_deployment("tune-op/matmul-512-host", timeout=0,
                               parameters={"op": op, "options": options, "log_path": str(log)})
