@@ -74,3 +74,29 @@ def test_unknown_task_runner_is_a_clear_error():
     with pytest.raises(ValueError, match="unknown task runner 'spark'"):
         make_task_runner("spark")
     assert make_task_runner("local") is None
+
+
+def test_tune_model_flow_names_rounds_after_tasks_and_publishes_reports(prefect_server, tmp_path):
+    from prefect.client.orchestration import get_client
+
+    from flows.tune_model import tune_model
+
+    model = Path(__file__).resolve().parent.parent / "data" / "models" / "mlp.onnx"
+    options = TuningOptions(n_trials=4, batch_size=2, tuner="random", top_k_remeasure=1,
+                            measure=MeasureOptions(number=1, repeat=2, min_repeat_ms=1, n_parallel=1))
+    result = tune_model(str(model), "host", options, str(tmp_path / "log"), str(tmp_path / "lib"))
+    assert sum(s.trials for s in result["summaries"]) == 4
+    assert result["latency"]["tuned"]["median_ms"] > 0 and result["latency"]["default"]["median_ms"] > 0
+
+    async def names_and_artifacts() -> tuple[list[str], dict[str, str]]:
+        async with get_client() as client:
+            runs = [r.name for r in await client.read_task_runs()]
+            arts = {a.key: a.data for a in await client.read_artifacts() if a.key}
+            return runs, arts
+
+    runs, arts = asyncio.run(names_and_artifacts())
+    first = result["tasks"][0].task.description
+    for step in ("propose", "build", "measure", "record"):
+        assert f"{step} {first}" in runs, (step, runs)
+    assert "build-mlp" in arts and "End-to-end latency" in arts["build-mlp"] and "| dense |" in arts["build-mlp"]
+    assert "results-mlp-host" in arts and first in arts["results-mlp-host"]

@@ -11,17 +11,34 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
+from dataclasses import dataclass
 
+from schemas.config import Config
+from schemas.measure import MeasureResult
 from schemas.options import TuningOptions
 from schemas.target import Target
 from schemas.task import TuningTask
 from stages.log import TuningLog
+from stages.measure.artifact import BuildResult
+from stages.measure.base import Runner
 from stages.measure.builder import Builder
 from stages.measure.factory import make_runner
 from stages.schedule.driver import allocate
 from stages.schedule.scheduler import SCHEDULERS
 from stages.templates import TEMPLATES
-from stages.tune.session import Observer, SessionSummary, TuningSession, measure
+from stages.tune.session import Observer, SessionSummary, TuningSession, remeasure_top
+
+
+@dataclass(frozen=True)
+class RoundSteps:
+    """The steps of one round for one task. A Prefect flow passes its task-run versions, so each
+    step of each round shows in the UI under the task's name; the default calls them directly."""
+
+    propose: Callable[[TuningSession], list[Config]] = TuningSession.propose
+    build: Callable[[Builder, TuningTask, list[Config], Target, int], list[BuildResult]] = Builder.build
+    run: Callable[[Runner, list[BuildResult]], list[MeasureResult]] = lambda runner, builds: runner.run(builds)
+    record: Callable[[TuningSession, list[Config], list[MeasureResult]], object] = TuningSession.record
+    remeasure: Callable[[TuningSession, Builder, Runner], object] = remeasure_top
 
 
 def tunable(tasks: list[TuningTask]) -> list[bool]:
@@ -31,7 +48,8 @@ def tunable(tasks: list[TuningTask]) -> list[bool]:
 
 def tune_tasks(tasks: list[TuningTask], weights: list[int], target: Target, options: TuningOptions, log: TuningLog,
                budget: int, scheduler: str = "gradient",
-               observers: Callable[[TuningTask], list[Observer]] | None = None) -> list[SessionSummary]:
+               observers: Callable[[TuningTask], list[Observer]] | None = None,
+               steps: RoundSteps = RoundSteps()) -> list[SessionSummary]:
     """Summaries in task order once `budget` trials (log included) are spent or every space ran out."""
     per_task = options.model_copy(update={"n_trials": budget})
     sessions = [TuningSession(t, target, per_task, log, observers(t) if observers else None) for t in tasks]
@@ -39,20 +57,24 @@ def tune_tasks(tasks: list[TuningTask], weights: list[int], target: Target, opti
     with Builder.for_options(options.measure) as builder, \
             make_runner(options.runner, options.measure) as runner:
 
+        def measure_and_record(s: TuningSession, configs: list[Config]) -> tuple[int, float]:
+            builds = steps.build(builder, s.task, configs, target, options.measure.threads)
+            steps.record(s, configs, steps.run(runner, builds))
+            return len(configs), s.best.result.median if s.best else math.inf
+
         def step_for(s: TuningSession):
             def step(n: int) -> tuple[int, float]:
                 if s.trials == 0:  # the default schedule is the first trial: the build never picks worse
-                    default = s.template.default_config(s.task, target)
-                    s.record([default], measure(builder, runner, s.task, [default], target))
-                    return 1, s.best.result.median if s.best else math.inf
-                configs = [] if s.done else s.propose()[:n]
+                    return measure_and_record(s, [s.template.default_config(s.task, target)])
+                configs = [] if s.done else steps.propose(s)[:n]
                 if not configs:
                     return 0, math.inf
-                s.record(configs, measure(builder, runner, s.task, configs, target))
-                return len(configs), s.best.result.median if s.best else math.inf
+                return measure_and_record(s, configs)
             return step
 
         if remaining > 0 and sessions:
             allocate(SCHEDULERS[scheduler](options.seed), [step_for(s) for s in sessions], weights, remaining,
                      options.batch_size)
+        for s in sessions:
+            steps.remeasure(s, builder, runner)
     return [s.summary() for s in sessions]
