@@ -75,6 +75,9 @@ class TrackerState:
     changed: asyncio.Event = field(default_factory=asyncio.Event)
     _ids: itertools.count = field(default_factory=itertools.count)
 
+    def new_id(self, prefix: str) -> str:
+        return f"{prefix}{next(self._ids)}-{secrets.token_hex(4)}"
+
     def notify(self) -> None:
         """Wake every long-poll; each re-checks what it waits for."""
         self.changed.set()
@@ -88,7 +91,7 @@ class TrackerState:
         now = time.monotonic()
         ids = []
         for job in req.jobs:
-            jid = f"j{next(self._ids)}-{secrets.token_hex(4)}"
+            jid = self.new_id("j")
             self.jobs[jid] = _Job(jid, req.key, job, now + req.queue_timeout_s)
             self.queues.setdefault(req.key, deque()).append(jid)
             ids.append(jid)
@@ -197,7 +200,7 @@ def create_app(token: str, agent_timeout_s: float = 5.0, max_retries: int = 2,
 
     @app.post("/v1/agents")
     async def register(req: RegisterRequest) -> RegisterReply:
-        agent_id = f"a{next(state._ids)}-{secrets.token_hex(4)}"
+        agent_id = state.new_id("a")
         state.agents[agent_id] = _Agent(agent_id, req.key, req.name, req.target, time.monotonic())
         state.notify()
         return RegisterReply(agent_id=agent_id, heartbeat_s=max(0.2, agent_timeout_s / 4))
