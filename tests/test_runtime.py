@@ -99,16 +99,18 @@ def test_a_cpu_lacking_the_targets_features_is_refused(built, tmp_path):
         load(tmp_path / "lib")
 
 
-@pytest.mark.parametrize("name", ["cnn", "mlp", "transformer"])
-def test_bundled_models_match_onnxruntime(name, tmp_path):
+@pytest.mark.parametrize("name,threads", [("cnn", 1), ("mlp", 1), ("transformer", 1), ("transformer", 2)])
+def test_bundled_models_match_onnxruntime(name, threads, tmp_path):
+    """Threaded kernels run on the library's worker pool: many calls in a row must stay right."""
     import onnxruntime as ort
 
     from tunaflow.commands.demo import DATA
 
     path = DATA / "models" / f"{name}.onnx"
-    build_library(optimize(load_model(path)), Target.host(), tmp_path / "lib")
+    build_library(optimize(load_model(path)), Target.host(), tmp_path / "lib", threads=threads)
     model = load(tmp_path / "lib")
     feeds = {i.name: RNG.standard_normal(i.shape).astype(np.float32) for i in model.inputs}
     want = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"]).run(None, feeds)
-    for got, expected in zip(model.run(**feeds).values(), want, strict=True):
-        np.testing.assert_allclose(got, expected, rtol=1e-3, atol=1e-4)
+    for _ in range(50):
+        for got, expected in zip(model.run(**feeds).values(), want, strict=True):
+            np.testing.assert_allclose(got, expected, rtol=1e-3, atol=1e-4)
