@@ -20,6 +20,7 @@ import argparse
 import json
 import os
 import platform
+import shlex
 import subprocess
 import sys
 import tempfile
@@ -358,7 +359,7 @@ def main() -> None:
     args = ap.parse_args()
     if not Path(args.peers_python).is_file():
         sys.exit(f"{args.peers_python} missing: `make bench-peers` creates the peers venv (.venv-peers)")
-    args.command = "flock /tmp/bench.lock .venv/bin/python benchmarks/peers.py " + " ".join(sys.argv[1:])
+    args.command = "flock /tmp/bench.lock .venv/bin/python benchmarks/peers.py " + shlex.join(sys.argv[1:])
     started, load = time.time(), os.getloadavg()
     with tempfile.TemporaryDirectory(prefix="tunaflow-peers-") as tmp:
         root = args.work or Path(tmp)
