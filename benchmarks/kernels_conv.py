@@ -33,6 +33,8 @@ from stages.measure.check import compare, reduction_size  # noqa: E402
 from stages.templates import conv2d  # noqa: E402
 
 RESULTS = ROOT / "benchmarks" / "RESULTS.md"
+# onnxruntime's pool threads spin after a run; a kernel timed right after competes with them for the cores.
+ORT_SPIN_S = 0.3
 BEGIN, END = "<!-- kernels:conv -->", "<!-- /kernels:conv -->"
 
 # name → (input NCHW, weight OIHW, stride, pads, group, epilogue)
@@ -188,9 +190,10 @@ def remeasure(task: TuningTask, cands: list[Candidate], sess, bound, rounds: int
     costs: list[list[float]] = [[] for _ in cands]
     ort_costs = []
     for _ in range(rounds):
-        ort_costs.append(time_ort(sess, bound, 0.1))
         for i, (k, a) in enumerate(loaded):
             costs[i].append(time_kernel(k, a, 0.05))
+        ort_costs.append(time_ort(sess, bound, 0.1))
+        time.sleep(ORT_SPIN_S)
     return [statistics.median(c) for c in costs], statistics.median(ort_costs)
 
 

@@ -35,7 +35,8 @@ UK = (1, 2, 3, 4)
 OCN = (1, 2, 4, 8, 16, 32, 64)
 PAR = ("oc", "oh")
 
-MAX_UNROLLED_FMAS = 512  # keeps a candidate's compile well under 150 ms
+MAX_UNROLLED_FMAS = 512  # keeps a candidate's compile time down
+PAR_ITEMS = 8  # the default keeps at least this many channel blocks when it can
 
 CLI_OPTIONS = ("input", "weight", "stride", "pad", "dilation", "groups", "epilogue")
 
@@ -131,6 +132,8 @@ def default_config(task: TuningTask, target: Target) -> Config:
     tiles = -(-g.oc // mr)
     ocn = _fit(OCN, max(1, target.l2_bytes // 2 // (4 * mr * icb * g.kh * g.kw)), tiles)
     par = "oc" if -(-tiles // ocn) >= -(-out_h // rh) else "oh"
+    while par == "oc" and ocn > 1 and -(-tiles // ocn) < PAR_ITEMS:  # enough items to balance the cores
+        ocn //= 2
     if g.groups > 1 and not g.is_1x1_gemm:  # blocks of whole groups: each thread packs only its own planes
         ocn = min(c for c in OCN if (c * mr) % g.ocg == 0 or c >= tiles)
         par = "oc"
