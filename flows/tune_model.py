@@ -9,6 +9,7 @@ is the record of truth: a rerun of this flow resumes every task from the log.
 
 from __future__ import annotations
 
+import contextlib
 import tempfile
 from pathlib import Path
 
@@ -33,6 +34,7 @@ from stages.graph.tasks import ExtractedTask, extract_tasks
 from stages.log import TuningLog
 from stages.measure.remeasure import TUNER_NAME as REMEASURE
 from stages.report.charts import log_charts
+from stages.report.progress import ModelProgress
 from stages.runtime import load
 from stages.runtime.compare import compare, random_feeds
 from stages.templates import template_for
@@ -72,18 +74,22 @@ def latency(tuned: str, default: str) -> dict[str, dict[str, float]]:
 @flow(name="tune-model", flow_run_name="tune-model {model} on {target_name}", log_prints=True)
 def tune_model(model: str, target_name: str, options: TuningOptions, log_path: str, out: str,
                input_shapes: dict[str, tuple[int, ...]] | None = None, charts_dir: str | None = None,
-               scheduler: str = "gradient", compare_default: bool = True) -> dict:
+               scheduler: str = "gradient", compare_default: bool = True, progress: bool = False) -> dict:
     """`options.n_trials` trials (log included) over the tasks of `model`, then the library in `out`."""
     target = Target.parse(target_name)
     threads = options.measure.threads
     graph, tasks = extract(model, input_shapes or {})
 
-    def observers(t: TuningTask) -> list:
-        return [ProgressArtifact(artifact_key("progress", t.op, t.signature), f"{t.description} on {target.name}",
-                                 options.batch_size)]
+    view = ModelProgress([t.task.description for t in tasks], options.n_trials, every=options.batch_size)
 
-    summaries = tune_all([t.task for t in tasks], [t.weight for t in tasks], target, options, TuningLog(log_path),
-                         options.n_trials, scheduler, observers, STEPS)
+    def observers(t: TuningTask) -> list:
+        artifact = ProgressArtifact(artifact_key("progress", t.op, t.signature), f"{t.description} on {target.name}",
+                                    options.batch_size)
+        return [artifact, view.observer(t.description)] if progress else [artifact]
+
+    with view if progress else contextlib.nullcontext():
+        summaries = tune_all([t.task for t in tasks], [t.weight for t in tasks], target, options,
+                             TuningLog(log_path), options.n_trials, scheduler, observers, STEPS)
     manifest, fallback = build(graph, target, out, threads, log_path)
     pngs = charts(log_path, charts_dir or str(Path(out) / "charts"), target.key, threads)
     publish_results(artifact_key("results", Path(model).stem, target.name),

@@ -223,7 +223,7 @@ def tune_model(model: Path, target, options, log: Path, output: Path, input_shap
         try:
             shapes = parse_input_shapes(input_shape)
             r = flow(str(model), target.to_string() if target.name != "host" else "host", options, str(log),
-                     str(output), shapes, str(charts_dir), scheduler)
+                     str(output), shapes, str(charts_dir), scheduler, progress=not quiet)
         except ModelError as exc:
             raise fail(str(exc)) from exc
         tasks, summaries, manifest, fallback, charts = (r[k] for k in ("tasks", "summaries", "manifest", "fallback",
@@ -237,8 +237,13 @@ def tune_model(model: Path, target, options, log: Path, output: Path, input_shap
         tasks = [t for t in extract_tasks(graph) if tunable([t.task])[0]]
         if not quiet:
             out.print(f"[bold]{model.name}[/]: {len(tasks)} task(s), {options.n_trials} trials in all ({scheduler})")
-        summaries = tune_tasks([t.task for t in tasks], [t.weight for t in tasks], target, options, TuningLog(log),
-                               options.n_trials, scheduler)
+        from stages.report.progress import ModelProgress
+
+        with ModelProgress([t.task.description for t in tasks], options.n_trials,
+                           every=options.batch_size) as view:
+            summaries = tune_tasks([t.task for t in tasks], [t.weight for t in tasks], target, options,
+                                   TuningLog(log), options.n_trials, scheduler,
+                                   (lambda t: [] if quiet else [view.observer(t.description)]))
         manifest, fallback = _build(graph, target, output, options.measure.threads, log, quiet=True)
         charts = [str(p) for p in log_charts(TuningLog(log), charts_dir, target.key, options.measure.threads)]
     if fallback and not quiet:
