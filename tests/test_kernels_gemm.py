@@ -91,7 +91,7 @@ def test_attention_batch_matmul_4d_default_two_threads():
     assert _run(task, threads=2)[0]
 
 
-@pytest.mark.parametrize("par", ["m", "n"])
+@pytest.mark.parametrize("par", ["m", "n", "none"])
 @pytest.mark.parametrize("order", ["jr_ir", "ir_jr"])
 def test_both_parallel_axes_and_orders_with_blocking_edges(par, order):
     task = matmul.task(101, 77, 300, (EpilogueOp(kind="bias"),))

@@ -20,7 +20,7 @@ from stages.templates.gemm_schedule import default_gemm, gemm_space
 from stages.templates.space import ConfigSpace, Knobs
 
 NAME = "dense"
-VERSION = 1
+VERSION = 2
 
 CLI_OPTIONS = ("m", "n", "k", "epilogue")
 

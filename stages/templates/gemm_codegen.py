@@ -79,7 +79,7 @@ class Schedule:
     uk: int
     order: str  # "jr_ir": panels outer, row tiles inner (B micro-panel stays in L1); "ir_jr": the reverse
     pack_a: bool
-    par: str  # "m" or "n": the axis whose blocks are split between threads
+    par: str  # "m" or "n": the axis whose blocks threads split; "none": one thread (small work)
 
     @property
     def nr(self) -> int:
@@ -117,7 +117,7 @@ def work_items(spec: GemmSpec, s: Schedule) -> int:
     """Independent items the parallel loop runs over: batch x blocks of the parallel axis."""
     tiles = -(-spec.m // s.mr)
     panels = -(-spec.n // s.nr)
-    per = -(-tiles // s.mc) if s.par == "m" else -(-panels // s.nc)
+    per = {"m": -(-tiles // s.mc), "n": -(-panels // s.nc)}.get(s.par, 1)
     return spec.batch * per
 
 
@@ -151,7 +151,7 @@ class _Gen:
             buf = b.alloca(F32, size=i64(s.mc * s.mr * s.kc))
             buf.align = 64
         micro = self._micro_fn(mod)
-        per = self.ib_count if s.par == "m" else self.jb_count
+        per = {"m": self.ib_count, "n": self.jb_count}.get(s.par, 1)
         offsets = self._offsets_table(mod)
         with for_range(b, fn.args[1], fn.args[2], name="item", unroll=False) as item:
             if g.batch == 1:
@@ -282,11 +282,12 @@ class _Gen:
                 for j in range(nv):
                     acc[i * nv + j] = fma(b, sv, bvec[j], acc[i * nv + j])
 
-        main_end = b.mul(b.udiv(kl, i64(s.uk)), i64(s.uk))
+        exact = s.kc % s.uk == 0 and g.k % s.uk == 0  # every K block is a multiple of uk: no remainder loop
+        main_end = kl if exact else b.mul(b.udiv(kl, i64(s.uk)), i64(s.uk))
         with loop_carry(b, i64(0), main_end, accs, step=s.uk, name="k", unroll=False) as k0:
             for u in range(s.uk):
                 step(add(b, k0, i64(u)), accs)
-        if s.uk > 1:
+        if not exact:
             with loop_carry(b, main_end, kl, accs, name="kr", unroll=False) as kr:
                 step(kr, accs)
 
@@ -358,5 +359,6 @@ def build_module(name: str, spec: GemmSpec, s: Schedule, triple: str, threads: i
     """The whole kernel: `tf_main` over the work items on `threads` threads, plus `tf_bench`."""
     mod = ir.Module(name=name)
     mod.triple = triple
+    threads = 1 if s.par == "none" else threads
     add_harness(mod, emit_main(mod, emit_range(mod, spec, s), work_items(spec, s), threads))
     return mod

@@ -3,7 +3,7 @@
 Knobs: register tile `mr` rows x `nv` vectors of `vw` lanes; cache blocks `kc` (K), `mc` row
 tiles (M) and `nc` panels (N) — BLIS's KC/MC/NC; `uk` unrolls the K loop; `order` puts panels
 or row tiles innermost; `pack_a` packs A per `mc x kc` block; `par` picks the axis whose blocks
-the threads split.
+the threads split, or `none` to run on one thread (work too small to pay for starting threads).
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ NC = (1, 2, 4, 8, 16, 32, 64)
 UK = (1, 2, 4, 8)
 ORDER = ("jr_ir", "ir_jr")
 PACK_A = (0, 1)
-PAR = ("n", "m")
+PAR = ("n", "m", "none")
 
 
 def gemm_space(m: int, n: int, k: int, target: Target) -> ConfigSpace:

@@ -18,7 +18,7 @@ from stages.templates.gemm_schedule import default_gemm, gemm_space
 from stages.templates.space import ConfigSpace, Knobs
 
 NAME = "matmul"
-VERSION = 2
+VERSION = 3
 
 CLI_OPTIONS = ("m", "n", "k", "epilogue")
 
