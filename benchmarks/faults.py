@@ -269,6 +269,7 @@ def hostile(tmp: Path, burst_n: int, slow_n: int) -> dict:
     )
     from stages.measure.builder import build_one
     from stages.rpc.client import RPCRunner
+    from stages.rpc.tracker import IDLE_S
     from stages.templates import matmul
 
     port = free_port()
@@ -285,8 +286,11 @@ def hostile(tmp: Path, burst_n: int, slow_n: int) -> dict:
         malformed(url, TOKEN, tally, n=10)
         oversized(url, TOKEN, 1024 * 1024, tally, n=5)
         slow = SlowConnections("127.0.0.1", port, slow_n)
-        fds_slow = tracker.num_fds()
         try:
+            fds_slow = tracker.num_fds()
+            start = time.perf_counter()
+            dropped = slow.closed_by_server(timeout=IDLE_S + 10)
+            dropped_s = time.perf_counter() - start
             burst_s = burst(url, TOKEN, tally, burst_n)
         finally:
             slow.close()
@@ -305,6 +309,7 @@ def hostile(tmp: Path, burst_n: int, slow_n: int) -> dict:
                               str(free_port())], cwd=ROOT, env=env, capture_output=True, text=True, timeout=60)
     return {"sent": tally.total, "by_kind": dict(tally.sent), "wrong": tally.wrong, "restarts": restarts,
             "rss": (rss0, rss1), "fds": (fds0, fds_slow, fds1), "burst_s": burst_s, "slow": slow_n,
+            "dropped": dropped, "dropped_s": dropped_s, "idle_s": IDLE_S,
             "served": served, "refused": refused.returncode == 2 and "no RPC token" in refused.stderr,
             "refused_msg": refused.stderr.strip().splitlines()[-1] if refused.stderr.strip() else ""}
 
@@ -398,8 +403,10 @@ def report(f: dict, k: dict, r: dict, h: dict, z: dict, args) -> str:
         f"back as `unknown` errors, recorded once, not re-measured); tracker requeues after the restart "
         f"{r['requeued']}; {r['seconds']:.0f} s.",
         f"4. **Hostile input** to the tracker (HMAC-signed requests, 1 MiB body limit): {hostile_kinds}; "
-        f"{h['slow']} slowloris connections held open during the {h['by_kind'].get('burst', 0)}-request burst "
-        f"(64 concurrent, {h['burst_s']:.1f} s, every request answered 200). Tracker RSS {h['rss'][0]:.0f} -> "
+        f"{h['slow']} slowloris connections (half a request, then nothing): {h['dropped']} closed by the tracker "
+        f"within {h['dropped_s']:.1f} s (it drops a connection idle for {h['idle_s']:g} s; until then, past 256 "
+        f"open connections, uvicorn answers new requests 503); then a {h['by_kind'].get('burst', 0)}-request burst "
+        f"(64 concurrent, {h['burst_s']:.1f} s). Tracker RSS {h['rss'][0]:.0f} -> "
         f"{h['rss'][1]:.0f} MiB, file descriptors {h['fds'][0]} before -> {h['fds'][1]} with the slow connections "
         f"open -> {h['fds'][2]} after. Real work after: {h['served']}/4 candidates "
         f"measured. `tracker serve --host 0.0.0.0` without a token: "

@@ -19,6 +19,7 @@ from test_rpc_restart import builds
 from schemas import MeasureErrorNo
 from stages.faults.hostile_rpc import SlowConnections, Tally, bad_credentials, burst, malformed, oversized, replayed
 from stages.rpc.auth import AUTH_HEADER, Guard, RequestSigner, signature
+from stages.rpc.tracker import IDLE_S
 
 
 def footprint(pid: int) -> tuple[float, int]:
@@ -40,13 +41,14 @@ def test_hostile_requests_get_the_right_status_and_leave_nothing_behind(cluster,
     burst(cluster.url, TOKEN, Tally(), 100)  # warm up, so the baseline includes the server's steady state
     time.sleep(1.5)  # and the warm-up's connections are closed
     rss0, fds0 = footprint(tracker.pid)
-    bad_credentials(cluster.url, TOKEN, tally, n=3)
-    replayed(cluster.url, TOKEN, tally, n=3)
-    malformed(cluster.url, TOKEN, tally, n=1)
-    oversized(cluster.url, TOKEN, 1024 * 1024, tally, n=1)
     slow = SlowConnections("127.0.0.1", cluster.port, 50)
     try:
+        bad_credentials(cluster.url, TOKEN, tally, n=3)
+        replayed(cluster.url, TOKEN, tally, n=3)
+        malformed(cluster.url, TOKEN, tally, n=1)
+        oversized(cluster.url, TOKEN, 1024 * 1024, tally, n=1)
         burst(cluster.url, TOKEN, tally, 200)  # served while the slow connections hang
+        assert slow.closed_by_server(timeout=IDLE_S + 5) == 50  # the server drops them, not the client
     finally:
         slow.close()
     assert tally.wrong == []

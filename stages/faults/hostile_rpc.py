@@ -113,7 +113,7 @@ def oversized(url: str, token: str, max_body: int, tally: Tally, n: int = 2) -> 
 
 
 class SlowConnections:
-    """`n` connections that send half a request and then nothing (slowloris), held open until closed."""
+    """`n` connections that send half a request and then nothing (slowloris); the server should close them."""
 
     def __init__(self, host: str, port: int, n: int):
         self.socks: list[socket.socket] = []
@@ -123,6 +123,22 @@ class SlowConnections:
                 b"POST /v1/jobs HTTP/1.1\r\nHost: x\r\nContent-Length: 100000\r\n\r\n{\"key\":"
             s.sendall(head)
             self.socks.append(s)
+
+    def closed_by_server(self, timeout: float) -> int:
+        """How many of the connections the server has closed (read to end of stream) within `timeout`."""
+        deadline, closed = time.monotonic() + timeout, 0
+        for s in self.socks:
+            try:
+                while True:
+                    s.settimeout(max(0.01, deadline - time.monotonic()))
+                    if not s.recv(65536):
+                        closed += 1
+                        break
+            except TimeoutError:
+                pass
+            except OSError:  # reset by the server: closed too
+                closed += 1
+        return closed
 
     def close(self) -> None:
         for s in self.socks:

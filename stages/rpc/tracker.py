@@ -38,6 +38,7 @@ from schemas.target import Target
 from stages.rpc.auth import DEFAULT_MAX_BODY, Guard
 
 REAP_EVERY_S = 0.25
+IDLE_S = 10.0  # a connection with no request in progress for this long is closed
 
 
 @dataclass
@@ -267,7 +268,30 @@ def serve(token: str, host: str = "127.0.0.1", port: int = 9190, agent_timeout_s
           max_retries: int = 2, max_body: int = DEFAULT_MAX_BODY) -> None:
     """Run the tracker until interrupted."""
     import uvicorn
+    from uvicorn.protocols.http.h11_impl import H11Protocol
+
+    class BoundedIdle(H11Protocol):
+        """Closes a connection that serves no request for IDLE_S: uvicorn counts open connections
+        against `limit_concurrency` and never times out a request head that is still arriving, so
+        a few hundred half-sent requests (slowloris) would otherwise lock everyone out with 503s."""
+
+        def connection_made(self, transport) -> None:
+            super().connection_made(transport)
+            self._idle = self.loop.call_later(IDLE_S, self._close_if_idle)
+
+        def on_response_complete(self) -> None:
+            super().on_response_complete()
+            self._idle.cancel()
+            self._idle = self.loop.call_later(IDLE_S, self._close_if_idle)
+
+        def connection_lost(self, exc) -> None:
+            self._idle.cancel()
+            super().connection_lost(exc)
+
+        def _close_if_idle(self) -> None:
+            if (self.cycle is None or self.cycle.response_complete) and not self.transport.is_closing():
+                self.transport.close()
 
     app = create_app(token, agent_timeout_s, max_retries, max_body)
     uvicorn.run(app, host=host, port=port, log_level="warning", timeout_keep_alive=30, limit_concurrency=256,
-                timeout_graceful_shutdown=3)
+                timeout_graceful_shutdown=3, http=BoundedIdle)
