@@ -182,3 +182,10 @@ def test_default_schedule_is_sound_per_target(name):
     from stages.templates.gemm_codegen import GemmSpec, Schedule, work_items
 
     assert work_items(GemmSpec(m=1024, n=1024, k=1024), Schedule.from_knobs(k)) >= 2 * target.cores
+
+
+def test_default_runs_small_work_on_one_thread():
+    assert dense.default_config(dense.task(1, 3072, 768), HOST).knobs["par"] == "none"
+    assert matmul.default_config(matmul.task(512, 512, 512), HOST).knobs["par"] != "none"
+    big_batch = batch_matmul.task((12, 128, 64), (12, 64, 128))
+    assert batch_matmul.default_config(big_batch, HOST).knobs["par"] != "none"

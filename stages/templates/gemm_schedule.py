@@ -23,6 +23,7 @@ UK = (1, 2, 4, 8)
 ORDER = ("jr_ir", "ir_jr")
 PACK_A = (0, 1)
 PAR = ("n", "m", "none")
+SMALL_FLOPS = 15_000_000  # below this a second thread loses: measured thread start + join ~75 us per call
 
 
 def gemm_space(m: int, n: int, k: int, target: Target) -> ConfigSpace:
@@ -57,12 +58,13 @@ def gemm_space(m: int, n: int, k: int, target: Target) -> ConfigSpace:
     return ConfigSpace(knobs=knobs, rule=rule)
 
 
-def default_gemm(m: int, n: int, k: int, target: Target) -> Config:
+def default_gemm(m: int, n: int, k: int, target: Target, batch: int = 1) -> Config:
     """BLIS-like heuristic: widest vectors; a register tile wide on N (4 vectors with 32 registers,
     2 with 16) and as many rows as the rest of the register file holds (6x4 of 16 lanes on AVX-512:
     fewer loads per FMA than 14x2); a K block of up to 256 (the B micro-panel streams from L2, the
     A micro-panel stays in L1); the packed A block in half of L2 (mc); the B block in a quarter of L3
-    (nc); threads split M when it has tiles enough, else N, in two blocks per core or more (balance)."""
+    (nc); threads split M when it has tiles enough, else N, in two blocks per core or more (balance);
+    work under SMALL_FLOPS runs on one thread (starting threads costs ~75 us per call here)."""
     sp = gemm_space(m, n, k, target)
     vw = target.vector_lanes
     while vw > VW[0] and vw // 2 >= n:
@@ -76,6 +78,8 @@ def default_gemm(m: int, n: int, k: int, target: Target) -> Config:
     nc = _fit(NC, max(1, target.l3_bytes // 4 // (kc * 4 * nr)), panels)
     cores = target.cores
     par = "m" if tiles >= 2 * cores else "n"
+    if 2 * m * n * k * batch < SMALL_FLOPS:
+        par = "none"
     if par == "m":
         mc = min(mc, max(c for c in MC if c <= max(1, tiles // (2 * cores))))
     else:
