@@ -8,8 +8,7 @@ generated into one module together with
 
 which calls the kernels in graph order, each with an argument array pointing into the
 caller's inputs/outputs, the packed weights file, or the statically planned workspace.
-The objects are linked with the system C compiler (`cc -shared`), together with a small
-persistent worker pool (`pool.py`) that threaded kernels use instead of a thread per call.
+The objects are linked with the system C compiler (`cc -shared`).
 """
 
 from __future__ import annotations
@@ -42,8 +41,6 @@ from stages.build.manifest import (
 from stages.build.memplan import Step, aligned, plan_workspace
 from stages.build.ops import ALIASES, OPS, OpCtx, UnsupportedOp, unsupported_nodes
 from stages.build.ops_anchor import GENERIC_OPS, generic_anchor
-from stages.build.pool import SOURCE as POOL_SOURCE
-from stages.build.pool import use_pool
 from stages.codegen.compile import compile_ir
 from stages.codegen.irb import VOIDP, i64
 from stages.graph.ir import Graph, Node
@@ -215,7 +212,7 @@ def _anchor(graph: Graph, node: Node, choice: Choice, target: Target, threads: i
                          f"the graph's {node.outputs[0]!r} is {graph.values[node.outputs[0]].shape}")
     slots.append(node.outputs[0])
     text = str(tpl.build_ir(task, knobs, target, threads))
-    renamed = use_pool(re.sub(r'@"?tf_(main|bench)"?(?=[\s(,)])', lambda m: f'@"{symbol}_{m.group(1)}"', text))
+    renamed = re.sub(r'@"?tf_(main|bench)"?(?=[\s(,)])', lambda m: f'@"{symbol}_{m.group(1)}"', text)
     if f'@"{symbol}_main"' not in renamed or re.search(r'@"?tf_main\b', renamed):
         raise BuildError(f"node {node.name!r}: template {tpl.NAME} did not export tf_main as expected")
     try:
@@ -317,11 +314,9 @@ def _link(compiler: str, objects: list[bytes], dest: Path) -> None:
             p = Path(tmp) / f"k{i}.o"
             p.write_bytes(data)
             paths.append(str(p))
-        pool = Path(tmp) / "pool.c"
-        pool.write_text(POOL_SOURCE)
         tmp_out = Path(tmp) / LIBRARY
-        proc = subprocess.run([compiler, "-shared", "-O2", "-fPIC", "-o", str(tmp_out), *paths, str(pool), "-lm",
-                               "-lpthread"], capture_output=True, text=True)
+        proc = subprocess.run([compiler, "-shared", "-o", str(tmp_out), *paths, "-lm", "-lpthread"],
+                              capture_output=True, text=True)
         if proc.returncode != 0:
             raise BuildError(f"linking with {compiler} failed:\n{proc.stderr.strip()}")
         shutil.move(str(tmp_out), dest)
