@@ -162,3 +162,15 @@ def test_check_and_repair_move_bad_parts_aside_and_keep_good_rows(tmp_path):
     assert sorted(p.name for p in (root / "quarantine").iterdir()) == ["part-halfbad.parquet", "part-zero.parquet"]
     assert sorted(x.trial for x in log.records()) == [0, 1, 2]
     assert log.read(strict=False)[1] == []
+
+
+def test_best_prefers_the_remeasured_top_k_over_a_lucky_single_trial(tmp_path):
+    log = TuningLog(tmp_path / "log")
+    lucky = rec(0, 1e-4, index=7)
+    steady = rec(1, 5e-4, index=8)
+    remeasured = steady.model_copy(update={"tuner": "remeasure", "trial": 2})
+    log.append([lucky, steady])
+    assert log.best(TASK.signature, "tk").config.index == 7
+    log.append([remeasured])
+    best = log.best(TASK.signature, "tk")
+    assert best.tuner == "remeasure" and best.config.index == 8

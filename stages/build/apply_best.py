@@ -14,6 +14,7 @@ from schemas.record import TuningRecord
 from schemas.target import Target
 from schemas.task import TuningTask
 from stages.log import TuningLog
+from stages.log.store import rank_key
 from stages.templates import template_for
 
 
@@ -30,7 +31,7 @@ class Choice:
 
 
 def ranked_records(log: TuningLog | None, target: Target, threads: int) -> dict[str, list[TuningRecord]]:
-    """Error-free records per task signature, fastest (lowest median) first, from one pass over the log."""
+    """Error-free records per task signature, best first (`rank_key`: re-measured, then lowest median)."""
     ranked: dict[str, list[TuningRecord]] = {}
     if log is None:
         return ranked
@@ -38,7 +39,7 @@ def ranked_records(log: TuningLog | None, target: Target, threads: int) -> dict[
         if r.target_key == target.key and r.threads == threads and r.result.ok:
             ranked.setdefault(r.task_signature, []).append(r)
     for recs in ranked.values():
-        recs.sort(key=lambda r: r.result.median)
+        recs.sort(key=rank_key)
     return ranked
 
 

@@ -19,6 +19,7 @@ from pydantic import ValidationError
 
 from schemas.record import SCHEMA_VERSION, TuningRecord
 from stages.log.arrow_schema import JSON_META, arrow_schema, from_row, to_row
+from stages.measure.remeasure import TUNER_NAME as REMEASURE
 
 VERSION_KEY = "tunaflow.schema_version"
 SCHEMA = arrow_schema(TuningRecord, metadata={VERSION_KEY: str(SCHEMA_VERSION)})
@@ -109,9 +110,9 @@ class TuningLog:
         ]
 
     def best(self, task_signature: str, target_key: str, threads: int | None = None) -> TuningRecord | None:
-        """The error-free record with the lowest median cost for this task and target."""
+        """The best error-free record for this task and target, by `rank_key`."""
         ok = [r for r in self.for_task(task_signature, target_key, threads) if r.result.ok]
-        return min(ok, key=lambda r: r.result.median) if ok else None
+        return min(ok, key=rank_key) if ok else None
 
     def repair(self) -> list[Path]:
         """Move every unreadable part into `quarantine/` (never deletes); a part with some invalid
@@ -150,6 +151,12 @@ class TuningLog:
             for r in records:
                 fh.write(r.model_dump_json() + "\n")
         return len(records)
+
+
+def rank_key(record: TuningRecord) -> tuple[int, float]:
+    """Re-measured records (the end-of-session top-k, measured again) outrank single trials, so one
+    lucky noisy sample cannot become the best; then the lowest median cost wins."""
+    return (0 if record.tuner == REMEASURE else 1, record.result.median)
 
 
 def merge(sources: Iterable[str | os.PathLike[str]], dest: str | os.PathLike[str]) -> int:
