@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import sys
-from typing import TextIO
+from typing import Self, TextIO
 
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
@@ -11,7 +11,22 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from stages.tune.session import TrialEvent
 
 
-class TerminalProgress:
+class _LiveView:
+    """Starts and stops the rich display, when there is one (a terminal)."""
+
+    _progress: Progress | None
+
+    def __enter__(self) -> Self:
+        if self._progress:
+            self._progress.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self._progress:
+            self._progress.stop()
+
+
+class TerminalProgress(_LiveView):
     """An observer; use as a context manager around the session."""
 
     def __init__(self, description: str, total: int, stream: TextIO | None = None, every: int = 8):
@@ -27,15 +42,6 @@ class TerminalProgress:
         ) if self.live else None
         self._id = self._progress.add_task(description, total=total, cur=0.0, best=0.0) if self._progress else None
 
-    def __enter__(self) -> TerminalProgress:
-        if self._progress:
-            self._progress.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        if self._progress:
-            self._progress.stop()
-
     def __call__(self, ev: TrialEvent) -> None:
         if self._progress is not None:
             self._progress.update(self._id, completed=ev.trial, total=ev.budget, cur=ev.gflops, best=ev.best_gflops)
@@ -46,7 +52,7 @@ class TerminalProgress:
                   f"best {ev.best_gflops:.1f} GFLOPS [{status}]", file=self.stream, flush=True)
 
 
-class ModelProgress:
+class ModelProgress(_LiveView):
     """Live view of a model's tuning: one row per task (trials, current and best GFLOPS) and an
     overall bar against the global budget with its ETA; plain lines when not on a terminal."""
 
@@ -67,15 +73,6 @@ class ModelProgress:
             self._overall = self._progress.add_task("[bold]all tasks", total=budget, cur=0.0, best=0.0)
             for d in descriptions:
                 self._rows[d] = self._progress.add_task(d, total=None, cur=0.0, best=0.0)
-
-    def __enter__(self) -> ModelProgress:
-        if self._progress:
-            self._progress.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        if self._progress:
-            self._progress.stop()
 
     def observer(self, description: str):
         """The observer to hand the session of the task with this description."""
