@@ -174,3 +174,14 @@ def test_best_prefers_the_remeasured_top_k_over_a_lucky_single_trial(tmp_path):
     log.append([remeasured])
     best = log.best(TASK.signature, "tk")
     assert best.tuner == "remeasure" and best.config.index == 8
+
+
+def test_truncated_part_is_reported_and_the_rest_still_reads(tmp_path):
+    log = TuningLog(tmp_path / "log")
+    log.append([rec(0, 1e-3)])
+    part = log.append([rec(1, 1e-3), rec(2, 1e-3)])
+    data = part.read_bytes()
+    part.write_bytes(data[: len(data) // 2])
+    good, problems = log.read(strict=False)
+    assert [r.trial for r in good] == [0]
+    assert len(problems) == 1 and problems[0].path == part and "not a readable Parquet file" in problems[0].reason
