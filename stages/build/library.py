@@ -181,18 +181,19 @@ def _anchor(graph: Graph, node: Node, choice: Choice, target: Target, threads: i
     task, knobs = node.task, dict(choice.config.knobs)
     tpl = template_for(task)
     inputs = [n for n in node.inputs if n]
-    holders = tpl.make_inputs(task, seed=0)  # run-time inputs become NaN placeholders: a packed copy shows
-    if len(holders) != len(inputs):
-        raise BuildError(f"node {node.name!r}: task {task.description} takes {len(holders)} inputs, "
+    specs = task.inputs
+    if len(specs) != len(inputs):
+        raise BuildError(f"node {node.name!r}: task {task.description} takes {len(specs)} inputs, "
                          f"the node has {len(inputs)}")
     arrays = []
-    for name, h in zip(inputs, holders, strict=True):
+    for name, spec in zip(inputs, specs, strict=True):
         value = graph.constants.get(name)
         size = value.size if value is not None else math.prod(graph.values[name].shape)
-        if size != h.size:
-            raise BuildError(f"node {node.name!r}: input {name!r} has {size} elements, the task expects {h.shape}")
-        arrays.append(np.ascontiguousarray(value, dtype=np.float32).reshape(h.shape) if value is not None
-                      else np.full(h.shape, np.nan, dtype=np.float32))
+        if size != spec.size:
+            raise BuildError(f"node {node.name!r}: input {name!r} has {size} elements, the task expects {spec.shape}")
+        # Run-time inputs are filled with NaN: an argument that still holds NaN after packing is a copy of one.
+        arrays.append(np.ascontiguousarray(value, dtype=np.float32).reshape(spec.shape) if value is not None
+                      else np.full(spec.shape, np.nan, dtype=np.float32))
     args = tpl.kernel_args(task, knobs, arrays)
     slots: list[str] = []
     packed: dict[str, np.ndarray] = {}
