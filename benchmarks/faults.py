@@ -45,7 +45,7 @@ def faulty_session(trials: int, rate: float, seed: int, log_dir: Path) -> dict:
     from stages.measure.builder import Builder
     from stages.measure.remeasure import TUNER_NAME as REMEASURE
     from stages.measure.runner import LocalRunner
-    from stages.tune.session import TuningSession, measure, remeasure_top
+    from stages.tune.session import TuningSession, drive
 
     task, target = matmul_task(48, 64, 32), Target.host()
     measure_opts = MeasureOptions(number=1, repeat=3, min_repeat_ms=2, timeout=1.0, memory_limit_mb=512,
@@ -55,12 +55,7 @@ def faulty_session(trials: int, rate: float, seed: int, log_dir: Path) -> dict:
     session = TuningSession(task, target, options, log)
     start = time.perf_counter()
     with Builder.for_options(measure_opts) as builder, LocalRunner(measure_opts) as runner:
-        while not session.done:
-            configs = session.propose()
-            if not configs:
-                break
-            session.record(configs, measure(builder, runner, task, configs, target))
-        remeasure_top(session, builder, runner)
+        drive(session, builder, runner)
         restarts = runner.restarts
     records = log.records()
     trial_recs = [r for r in records if r.tuner != REMEASURE]

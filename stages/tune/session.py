@@ -197,10 +197,15 @@ def run_session_with_default(task: TuningTask, target: Target, options: TuningOp
     with Builder.for_options(options.measure) as builder, \
             make_runner(options.runner, options.measure) as runner:
         default = measure_default_config(builder, runner, task, target)
-        while not session.done:
-            configs = session.propose()
-            if not configs:
-                break
-            session.record(configs, measure(builder, runner, task, configs, target))
-        remeasure_top(session, builder, runner)
+        drive(session, builder, runner)
     return session.summary(), default
+
+
+def drive(session: TuningSession, builder: Builder, runner: Runner) -> None:
+    """Propose, measure and record until the session is done, then re-measure its top-k."""
+    while not session.done:
+        configs = session.propose()
+        if not configs:
+            break
+        session.record(configs, measure(builder, runner, session.task, configs, session.target))
+    remeasure_top(session, builder, runner)
