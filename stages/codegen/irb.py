@@ -73,23 +73,8 @@ def for_range(b: ir.IRBuilder, start: ir.Value, stop: ir.Value, step: int = 1,
     `unroll=False` forbids LLVM to unroll the loop: unrolling is the schedule's decision, and LLVM
     fully unrolling small trip counts around an inlined micro-kernel multiplies compile time.
     """
-    pre = b.block
-    header = b.append_basic_block(f"{name}.head")
-    body = b.append_basic_block(f"{name}.body")
-    done = b.append_basic_block(f"{name}.done")
-    b.branch(header)
-    b.position_at_end(header)
-    idx = b.phi(I64, name=name)
-    idx.add_incoming(start, pre)
-    b.cbranch(b.icmp_signed("<", idx, stop), body, done)
-    b.position_at_end(body)
-    yield idx
-    nxt = b.add(idx, i64(step), name=f"{name}.next")
-    idx.add_incoming(nxt, b.block)
-    latch = b.branch(header)
-    if not unroll:
-        latch.set_metadata("llvm.loop", _no_unroll(b.module))
-    b.position_at_end(done)
+    with loop_carry(b, start, stop, [], step, name, unroll) as idx:
+        yield idx
 
 
 def _no_unroll(mod: ir.Module) -> ir.MDValue:
