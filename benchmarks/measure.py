@@ -34,6 +34,7 @@ from results import replace_section  # noqa: E402
 
 from schemas import MeasureOptions, Target, TuningOptions, matmul_task  # noqa: E402
 from schemas.options import RunnerSpec  # noqa: E402
+from stages.codegen import runtime  # noqa: E402
 from stages.log import TuningLog  # noqa: E402
 from stages.measure.builder import build_one  # noqa: E402
 from stages.measure.runner import LocalRunner  # noqa: E402
@@ -47,7 +48,8 @@ COMMAND = "flock /tmp/bench.lock .venv/bin/python benchmarks/measure.py"
 def linked_loop_s(obj: bytes, args, tmp: Path, rounds: int, seconds: float = 0.1) -> list[float]:
     """Seconds per call of `tf_main` from a `cc -shared` library, called in a ctypes loop."""
     (tmp / "k.o").write_bytes(obj)
-    subprocess.run(["cc", "-shared", "-o", str(tmp / "k.so"), str(tmp / "k.o"), "-lpthread"], check=True)
+    subprocess.run(["cc", "-shared", *runtime.CFLAGS, "-fvisibility=hidden", "-o", str(tmp / "k.so"), str(tmp / "k.o"),
+                    str(runtime.SOURCE)], check=True)
     fn = ctypes.CDLL(str(tmp / "k.so")).tf_main
     fn.argtypes, fn.restype = [ctypes.c_void_p], None
     ptrs = (ctypes.c_void_p * len(args))(*[a.ctypes.data for a in args])

@@ -101,13 +101,14 @@ def tune_tunaflow(task, budget: int, threads: int, timeout_s: float, work: Path)
 
 def export_tunaflow(task, knobs: dict, target, threads: int, work: Path) -> None:
     from stages.build.library import find_compiler
+    from stages.codegen import runtime
     from stages.codegen.compile import compile_ir
     from stages.templates import template_for
 
     tpl = template_for(task)
     (work / "kernel.o").write_bytes(compile_ir(tpl.build_ir(task, knobs, target, threads), target).data)
-    subprocess.run([find_compiler(), "-shared", "-o", str(work / "lib.so"), str(work / "kernel.o"), "-lm",
-                    "-lpthread"], check=True, capture_output=True, text=True)
+    subprocess.run([find_compiler(), "-shared", *runtime.CFLAGS, "-fvisibility=hidden", "-o", str(work / "lib.so"),
+                    str(work / "kernel.o"), str(runtime.SOURCE), "-lm"], check=True, capture_output=True, text=True)
     args = tpl.kernel_args(task, knobs, tpl.make_inputs(task, seed=0))
     np.savez(work / "args.npz", **{f"a{i}": a for i, a in enumerate(args)})
 

@@ -8,7 +8,8 @@ generated into one module together with
 
 which calls the kernels in graph order, each with an argument array pointing into the
 caller's inputs/outputs, the packed weights file, or the statically planned workspace.
-The objects are linked with the system C compiler (`cc -shared`).
+The objects are linked with the system C compiler (`cc -shared`), together with the native runtime
+(`stages/codegen/runtime.c`, hidden inside the library) whose worker pool runs threaded kernels.
 """
 
 from __future__ import annotations
@@ -41,6 +42,7 @@ from stages.build.manifest import (
 from stages.build.memplan import Step, aligned, plan_workspace
 from stages.build.ops import ALIASES, OPS, OpCtx, UnsupportedOp, unsupported_nodes
 from stages.build.ops_anchor import GENERIC_OPS, generic_anchor
+from stages.codegen import runtime
 from stages.codegen.compile import compile_ir
 from stages.codegen.irb import VOIDP, i64
 from stages.graph.ir import Graph, Node
@@ -316,8 +318,8 @@ def _link(compiler: str, objects: list[bytes], dest: Path) -> None:
             p.write_bytes(data)
             paths.append(str(p))
         tmp_out = Path(tmp) / LIBRARY
-        proc = subprocess.run([compiler, "-shared", "-o", str(tmp_out), *paths, "-lm", "-lpthread"],
-                              capture_output=True, text=True)
+        proc = subprocess.run([compiler, "-shared", *runtime.CFLAGS, "-fvisibility=hidden", "-o", str(tmp_out),
+                               *paths, str(runtime.SOURCE), "-lm"], capture_output=True, text=True)
         if proc.returncode != 0:
             raise BuildError(f"linking with {compiler} failed:\n{proc.stderr.strip()}")
         shutil.move(str(tmp_out), dest)

@@ -9,6 +9,7 @@ import llvmlite.binding as llvm
 import numpy as np
 
 from schemas.target import Target
+from stages.codegen import runtime
 from stages.codegen.machine import target_machine
 
 MAIN = "tf_main"
@@ -19,6 +20,7 @@ class LoadedKernel:
     """Owns its engine: the machine code lives as long as this object."""
 
     def __init__(self, obj: bytes, target: Target):
+        runtime.load()
         tm = target_machine(target, jit=True)
         self._engine = llvm.create_mcjit_compiler(llvm.parse_assembly(""), tm)
         self._engine.add_object_file(llvm.ObjectFileRef.from_data(obj))

@@ -1,0 +1,146 @@
+/* tunaflow's runtime: a persistent worker pool for the parallel loops of generated kernels.
+ *
+ * A threaded kernel calls tf_parallel_for(body, args, extent, threads) instead of starting
+ * threads: starting and joining them cost ~75 us per call here, more than a small kernel runs.
+ * Workers start once, spin briefly for the next loop (the gap between kernels of one
+ * inference), then sleep on a futex.
+ *
+ * The loop is cut into `threads` contiguous chunks that anyone may claim, the caller included:
+ * when a worker is slow to wake (its core taken by another runtime's spinning threads), the
+ * caller runs the chunk itself, so a busy machine degrades to one thread, never below it.
+ */
+#define _GNU_SOURCE
+#include <limits.h>
+#include <linux/futex.h>
+#include <pthread.h>
+#include <sched.h>
+#include <stdatomic.h>
+#include <stdint.h>
+#include <sys/syscall.h>
+#include <time.h>
+#include <unistd.h>
+
+typedef void (*tf_body)(void *args, int64_t begin, int64_t end);
+
+#define TF_MAX_WORKERS 63
+#define TF_SPIN_NS 200000L /* 0.2 ms */
+
+static struct {
+  pthread_mutex_t busy;   /* one parallel loop at a time; a concurrent caller runs serially */
+  _Atomic uint32_t gen;   /* bumped to publish a loop; the workers' futex word */
+  _Atomic int sleepers;
+  _Atomic uint64_t ticket; /* gen << 32 | chunks << 16 | next unclaimed chunk */
+  _Atomic int64_t done;    /* chunks finished in the current loop */
+  tf_body fn;
+  void *args;
+  int64_t extent, chunks;
+  int workers;
+} P = {.busy = PTHREAD_MUTEX_INITIALIZER};
+
+static inline void relax(void) {
+#if defined(__x86_64__) || defined(__i386__)
+  __builtin_ia32_pause();
+#elif defined(__aarch64__)
+  __asm__ __volatile__("yield");
+#endif
+}
+
+static int64_t now_ns(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (int64_t)ts.tv_sec * 1000000000L + ts.tv_nsec;
+}
+
+/* Claims the next chunk of loop `g`; 0 once that loop has none left (or is over). */
+static int claim(uint32_t g, int64_t *chunk) {
+  uint64_t t = atomic_load(&P.ticket);
+  for (;;) {
+    if ((uint32_t)(t >> 32) != g || (t & 0xffff) >= ((t >> 16) & 0xffff)) return 0;
+    if (atomic_compare_exchange_weak(&P.ticket, &t, t + 1)) {
+      *chunk = (int64_t)(t & 0xffff);
+      return 1;
+    }
+  }
+}
+
+/* A claimed chunk keeps its loop from finishing, so fn/args/extent are stable here. */
+static void run_chunk(int64_t c) {
+  P.fn(P.args, P.extent * c / P.chunks, P.extent * (c + 1) / P.chunks);
+  atomic_fetch_add_explicit(&P.done, 1, memory_order_release);
+}
+
+static uint32_t wait_for_loop(uint32_t seen) {
+  int64_t start = now_ns();
+  for (int i = 1;; i++) {
+    uint32_t g = atomic_load_explicit(&P.gen, memory_order_acquire);
+    if (g != seen) return g;
+    relax();
+    if ((i & 63) == 0 && now_ns() - start > TF_SPIN_NS) break;
+  }
+  for (;;) {
+    atomic_fetch_add(&P.sleepers, 1);
+    if (atomic_load(&P.gen) == seen) syscall(SYS_futex, &P.gen, FUTEX_WAIT_PRIVATE, seen, NULL, NULL, 0);
+    atomic_fetch_sub(&P.sleepers, 1);
+    uint32_t g = atomic_load_explicit(&P.gen, memory_order_acquire);
+    if (g != seen) return g;
+  }
+}
+
+static void *worker_main(void *gen_at_start) {
+  uint32_t seen = (uint32_t)(uintptr_t)gen_at_start;
+  for (;;) {
+    uint32_t g = wait_for_loop(seen);
+    int64_t c;
+    while (claim(g, &c)) run_chunk(c);
+    seen = g;
+  }
+  return NULL;
+}
+
+static void start_workers(int wanted) {
+  if (wanted > TF_MAX_WORKERS) wanted = TF_MAX_WORKERS;
+  while (P.workers < wanted) {
+    pthread_t t;
+    void *gen = (void *)(uintptr_t)atomic_load(&P.gen);
+    if (pthread_create(&t, NULL, worker_main, gen) != 0) return; /* fewer helpers: the caller does more */
+    pthread_detach(t);
+    P.workers++;
+  }
+}
+
+/* After fork() only the forking thread exists: the child starts its own workers when needed. */
+static void after_fork_in_child(void) {
+  pthread_mutex_init(&P.busy, NULL);
+  P.workers = 0;
+  atomic_store(&P.sleepers, 0);
+}
+
+static pthread_once_t fork_hook = PTHREAD_ONCE_INIT;
+static void install_fork_hook(void) { pthread_atfork(NULL, NULL, after_fork_in_child); }
+
+void tf_parallel_for(tf_body fn, void *args, int64_t extent, int64_t threads) {
+  if (threads > extent) threads = extent;
+  if (threads > TF_MAX_WORKERS + 1) threads = TF_MAX_WORKERS + 1;
+  if (threads <= 1 || pthread_mutex_trylock(&P.busy) != 0) {
+    fn(args, 0, extent);
+    return;
+  }
+  pthread_once(&fork_hook, install_fork_hook);
+  start_workers((int)threads - 1);
+  P.fn = fn;
+  P.args = args;
+  P.extent = extent;
+  P.chunks = threads;
+  atomic_store(&P.done, 0);
+  uint32_t g = atomic_load(&P.gen) + 1;
+  atomic_store(&P.ticket, (uint64_t)g << 32 | (uint64_t)threads << 16);
+  atomic_store(&P.gen, g);
+  if (atomic_load(&P.sleepers) > 0) syscall(SYS_futex, &P.gen, FUTEX_WAKE_PRIVATE, INT_MAX, NULL, NULL, 0);
+  int64_t c;
+  while (claim(g, &c)) run_chunk(c);
+  for (int i = 1; atomic_load_explicit(&P.done, memory_order_acquire) < threads; i++) {
+    relax();
+    if ((i & 1023) == 0) sched_yield(); /* a worker mid-chunk lost its core: let it have ours */
+  }
+  pthread_mutex_unlock(&P.busy);
+}

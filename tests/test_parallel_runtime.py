@@ -1,0 +1,114 @@
+"""The native worker pool behind threaded kernels: every chunk runs exactly once, from many calls,
+from concurrent callers, and in a forked child."""
+
+from __future__ import annotations
+
+import ctypes
+import multiprocessing as mp
+import subprocess
+import threading
+
+import numpy as np
+import pytest
+from llvmlite import ir
+
+from schemas import Target
+from stages.codegen import runtime
+from stages.codegen.compile import compile_ir
+from stages.codegen.harness import add_harness
+from stages.codegen.irb import F32, F32P, I64, VOIDP, for_range, gep
+from stages.codegen.jit import LoadedKernel
+from stages.codegen.parallel import PARALLEL_FOR, emit_main
+
+EXTENT = 37
+
+
+def _count_kernel(threads: int) -> bytes:
+    """`out[i] += 1` over [0, EXTENT): a chunk run twice or skipped shows in the counts."""
+    mod = ir.Module()
+    body = ir.Function(mod, ir.FunctionType(ir.VoidType(), [VOIDP, I64, I64]), name="body")
+    b = ir.IRBuilder(body.append_basic_block("entry"))
+    out = b.load(b.bitcast(body.args[0], F32P.as_pointer()))
+    with for_range(b, body.args[1], body.args[2]) as i:
+        p = gep(b, out, i)
+        b.store(b.fadd(b.load(p), ir.Constant(F32, 1.0)), p)
+    b.ret_void()
+    add_harness(mod, emit_main(mod, body, EXTENT, threads))
+    return compile_ir(mod, Target.host()).data
+
+
+@pytest.fixture(scope="module")
+def kernel4() -> LoadedKernel:
+    return LoadedKernel(_count_kernel(4), Target.host())
+
+
+def test_threaded_main_calls_the_pool_and_one_thread_does_not():
+    assert PARALLEL_FOR in str(emit_main(ir.Module(), _dummy_body(), EXTENT, 4).module)
+    assert PARALLEL_FOR not in str(emit_main(ir.Module(), _dummy_body(), EXTENT, 1).module)
+
+
+def _dummy_body() -> ir.Function:
+    mod = ir.Module()
+    fn = ir.Function(mod, ir.FunctionType(ir.VoidType(), [VOIDP, I64, I64]), name="body")
+    ir.IRBuilder(fn.append_basic_block("entry")).ret_void()
+    return fn
+
+
+def test_every_chunk_runs_once_per_call(kernel4):
+    out = np.zeros(EXTENT, np.float32)
+    kernel4.time([out], 500)
+    np.testing.assert_array_equal(out, 500)
+
+
+def test_concurrent_callers_each_get_every_chunk_once(kernel4):
+    """A second caller finds the pool busy and runs its loop itself: still exactly once."""
+    outs = [np.zeros(EXTENT, np.float32) for _ in range(4)]
+    workers = [threading.Thread(target=kernel4.time, args=([o], 300)) for o in outs]
+    for w in workers:
+        w.start()
+    for w in workers:
+        w.join()
+    for o in outs:
+        np.testing.assert_array_equal(o, 300)
+
+
+def _child(obj: bytes, conn) -> None:
+    out = np.zeros(EXTENT, np.float32)
+    LoadedKernel(obj, Target.host()).time([out], 100)
+    conn.send(out.tolist())
+
+
+def test_a_forked_child_starts_its_own_workers(kernel4):
+    kernel4.time([np.zeros(EXTENT, np.float32)], 10)  # the parent's pool is running
+    parent, child = mp.get_context("fork").Pipe()
+    proc = mp.get_context("fork").Process(target=_child, args=(_count_kernel(4), child))
+    proc.start()
+    assert parent.poll(60), "forked child hung in the pool"
+    assert parent.recv() == [100.0] * EXTENT
+    proc.join(10)
+    assert proc.exitcode == 0
+
+
+def test_a_library_keeps_the_runtime_to_itself(tmp_path):
+    obj = tmp_path / "k.o"
+    obj.write_bytes(_count_kernel(2))
+    lib = tmp_path / "k.so"
+    subprocess.run([runtime.compiler(), "-shared", *runtime.CFLAGS, "-fvisibility=hidden", "-o", str(lib), str(obj),
+                    str(runtime.SOURCE)], check=True)
+    so = ctypes.CDLL(str(lib))
+    assert not hasattr(so, PARALLEL_FOR)
+    out = np.zeros(EXTENT, np.float32)
+    main = so.tf_main
+    main.argtypes, main.restype = [ctypes.c_void_p], None
+    ptrs = (ctypes.c_void_p * 1)(out.ctypes.data)
+    for _ in range(50):
+        main(ptrs)
+    np.testing.assert_array_equal(out, 50)
+
+
+def test_the_shared_runtime_is_cached_per_source(tmp_path, monkeypatch):
+    monkeypatch.setenv("TUNAFLOW_CACHE", str(tmp_path))
+    first = runtime.shared_library()
+    assert first.parent == tmp_path and first.exists()
+    mtime = first.stat().st_mtime_ns
+    assert runtime.shared_library() == first and first.stat().st_mtime_ns == mtime
