@@ -39,6 +39,7 @@ from stages.codegen.compile import compile_ir  # noqa: E402
 from stages.codegen.jit import LoadedKernel  # noqa: E402
 from stages.measure.check import compare  # noqa: E402
 from stages.measure.numpy_ref import blas_kernel  # noqa: E402
+from stages.runtime.quiet import settle  # noqa: E402
 from stages.templates import TEMPLATES, batch_matmul, dense, matmul  # noqa: E402
 
 RESULTS = ROOT / "benchmarks" / "RESULTS.md"
@@ -158,6 +159,7 @@ def run_case(pool, case: Case, n_configs: int, seed: int) -> dict:
     np_costs = []
     for _ in range(5):
         np_costs.append(time_numpy(case.numpy_fn, inputs, case.threads, 0.1))
+        settle()  # OpenBLAS's threads spin after numpy: timed now, our kernels would share the cores
         for i, (k, a) in enumerate(loaded):
             costs[i].append(time_kernel(k, a, 0.05))
     med = [statistics.median(c) for c in costs]

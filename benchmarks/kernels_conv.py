@@ -30,11 +30,10 @@ from schemas.task import TuningTask, parse_epilogue  # noqa: E402
 from stages.codegen.compile import compile_ir  # noqa: E402
 from stages.codegen.jit import LoadedKernel  # noqa: E402
 from stages.measure.check import compare, reduction_size  # noqa: E402
+from stages.runtime.quiet import settle  # noqa: E402
 from stages.templates import conv2d  # noqa: E402
 
 RESULTS = ROOT / "benchmarks" / "RESULTS.md"
-# onnxruntime's pool threads spin after a run; a kernel timed right after competes with them for the cores.
-ORT_SPIN_S = 0.3
 BEGIN, END = "<!-- kernels:conv -->", "<!-- /kernels:conv -->"
 
 # name → (input NCHW, weight OIHW, stride, pads, group, epilogue)
@@ -193,7 +192,7 @@ def remeasure(task: TuningTask, cands: list[Candidate], sess, bound, rounds: int
         for i, (k, a) in enumerate(loaded):
             costs[i].append(time_kernel(k, a, 0.05))
         ort_costs.append(time_ort(sess, bound, 0.1))
-        time.sleep(ORT_SPIN_S)
+        settle()  # onnxruntime's pool threads spin after a run: let them stop before our next kernel
     return [statistics.median(c) for c in costs], statistics.median(ort_costs)
 
 

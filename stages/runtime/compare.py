@@ -1,7 +1,9 @@
 """Latency of built libraries next to onnxruntime on the same inputs, measured interleaved.
 
-This machine is noisy, so the contenders take turns (`rounds` rounds of `number` calls each)
-and each reports the median and p90 of all its calls.
+This machine is noisy, so the contenders take turns (`rounds` rounds of `number` calls each, the
+starting contender rotating) and each reports the median and p90 of all its calls. Before each
+turn the other threads of the process (onnxruntime's, OpenBLAS's, our pool's) are let go quiet
+and the contender runs a few untimed calls, so no turn pays for the previous one's spinning.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ from pathlib import Path
 import numpy as np
 
 from stages.runtime.loader import Model, latency_stats
+from stages.runtime.quiet import settle
 
 
 def onnxruntime_runner(model: Path, threads: int) -> Callable[[dict[str, np.ndarray]], list[np.ndarray]]:
@@ -34,11 +37,13 @@ def compare(contenders: dict[str, Callable[[], object]], number: int = 20, round
             warmup: int = 3) -> dict[str, dict[str, float]]:
     """Latency stats (ms) per contender; each callable runs the model once."""
     times: dict[str, list[float]] = {name: [] for name in contenders}
-    for fn in contenders.values():
-        for _ in range(warmup):
-            fn()
-    for _ in range(rounds):
-        for name, fn in contenders.items():
+    names = list(contenders)
+    for r in range(rounds):
+        for name in names[r % len(names):] + names[:r % len(names)]:
+            fn = contenders[name]
+            settle()
+            for _ in range(warmup):
+                fn()
             for _ in range(number):
                 t0 = time.perf_counter()
                 fn()

@@ -23,7 +23,7 @@ UK = (1, 2, 4, 8)
 ORDER = ("jr_ir", "ir_jr")
 PACK_A = (0, 1)
 PAR = ("n", "m", "none")
-SMALL_FLOPS = 15_000_000  # below this a second thread loses: measured thread start + join ~75 us per call
+SMALL_FLOPS = 200_000  # below this (~2 us of work) handing half to a pool worker does not pay
 
 
 def gemm_space(m: int, n: int, k: int, target: Target) -> ConfigSpace:
@@ -64,7 +64,7 @@ def default_gemm(m: int, n: int, k: int, target: Target, batch: int = 1) -> Conf
     fewer loads per FMA than 14x2); a K block of up to 256 (the B micro-panel streams from L2, the
     A micro-panel stays in L1); the packed A block in half of L2 (mc); the B block in a quarter of L3
     (nc); threads split M when it has tiles enough, else N, in two blocks per core or more (balance);
-    work under SMALL_FLOPS runs on one thread (starting threads costs ~75 us per call here)."""
+    work under SMALL_FLOPS runs on one thread (the pool's handshake costs a few microseconds)."""
     sp = gemm_space(m, n, k, target)
     vw = target.vector_lanes
     while vw > VW[0] and vw // 2 >= n:
