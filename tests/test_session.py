@@ -4,6 +4,7 @@ import pytest
 
 from schemas import MeasureOptions, TuningOptions, matmul_task
 from stages.log import TuningLog
+from stages.templates import matmul
 from stages.tune.session import TuningSession, run_session, run_session_with_default
 
 TASK = matmul_task(24, 40, 16)
@@ -41,6 +42,17 @@ def test_resume_skips_measured_configs_and_stops_at_budget(tmp_path, host):
     assert first < {r.config.index for r in records}
     again = run_session(TASK, host, options(n_trials=7), log)
     assert again.new_trials == 0 and len(log.records()) == 7
+
+
+def test_records_of_an_older_template_version_are_not_trials(tmp_path, host):
+    old_log = TuningLog(tmp_path / "old")
+    run_session(TASK, host, options(n_trials=3), old_log)
+    log = TuningLog(tmp_path / "log")
+    log.append([r.model_copy(update={"template_version": r.template_version - 1}) for r in old_log.records()])
+    summary = run_session(TASK, host, options(n_trials=3), log)
+    assert summary.new_trials == 3 and summary.trials == 3
+    assert summary.best is not None and summary.best.template_version == matmul.VERSION
+    assert sum(r.template_version == matmul.VERSION for r in log.records()) == 3
 
 
 def test_other_thread_count_is_a_separate_budget(tmp_path, host):

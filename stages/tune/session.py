@@ -71,10 +71,12 @@ class TuningSession:
         self.template = template_for(task)
         self.space = self.template.space(task, target)
         transfer = load_transfer(options.transfer_from, task, target.key, options.measure.threads)
+        # Re-measurements are not trials; records of another template version measured other code.
         previous = [r for r in log.for_task(task.signature, target.key, options.measure.threads)
-                    if r.tuner != REMEASURE]  # re-measurements are not trials
+                    if r.tuner != REMEASURE and r.template_version == self.template.VERSION]
         known = {r.config.index for r in previous}
-        copied = [r for r in _first_per_config(transfer.exact) if r.config.index not in known]
+        copied = [r for r in _first_per_config(transfer.exact)
+                  if r.config.index not in known and r.template_version == self.template.VERSION]
         log.append(copied)
         previous += copied
         self.start_trials = len(previous)
