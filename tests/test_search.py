@@ -14,6 +14,8 @@ from stages.log import TuningLog
 from stages.search import TUNERS, make_tuner
 from stages.search.base import TunerContext
 from stages.search.codec import SpaceCodec
+from stages.search.lgbm import ModelTuner
+from stages.search.prior import default_knobs, near_default
 from stages.search.simulate import load_samples, replay, replay_tuner, trials_to
 from stages.templates import template_for
 from stages.tune.session import TuningSession
@@ -156,3 +158,35 @@ def test_tuner_never_returns_more_than_asked(host, name):
         configs = tuner.next_batch(n)
         assert len(configs) == n
         tuner.update(configs, _synthetic(configs))
+
+
+def test_prior_starts_at_the_default_config_of_a_real_space(host):
+    task = matmul_task(100, 72, 48)
+    space = template_for(task).space(task, host)
+    ctx = TunerContext(space=space, task=task, target=host, seed=0)
+    codec = SpaceCodec(space)
+    rows = near_default(ctx, codec, np.random.default_rng(0), 8, set())
+    indices = codec.encode(rows).tolist()
+    assert indices[0] == space.index_of(default_knobs(ctx))
+    assert len(set(indices)) == 8 and all(space.is_valid(i) for i in indices)
+    assert all(int((a != b).sum()) >= 2 for i, a in enumerate(rows) for b in rows[:i])
+    again = near_default(ctx, codec, np.random.default_rng(0), 8, set(indices[:1]))
+    assert indices[0] not in codec.encode(again).tolist()
+
+
+def test_first_lgbm_batch_beats_a_random_one_on_a_recorded_sample(host):
+    (big,) = load_samples(str(SAMPLES / "matmul_512"))
+    ctx = TunerContext(space=big.space, task=big.task, target=host, seed=0)
+    prior = make_tuner("lgbm", ctx).next_batch(16)
+    blind = ModelTuner(ctx, prior=False).next_batch(16)
+    mean = lambda configs: big.gflops([c.index for c in configs]).mean()  # noqa: E731
+    assert len({c.index for c in prior}) == 16 and set(c.index for c in prior) <= set(big.records)
+    assert mean(prior) > 1.3 * mean(blind)
+
+
+def test_an_op_without_a_template_gets_no_prior(sample, host):
+    task = sample.task.model_copy(update={"op": "no_such_op"})
+    ctx = TunerContext(space=sample.space, task=task, target=host, seed=0)
+    assert default_knobs(ctx) is None
+    assert len(near_default(ctx, SpaceCodec(sample.space), np.random.default_rng(0), 4, set())) == 0
+    assert len(make_tuner("lgbm", ctx).next_batch(8)) == 8

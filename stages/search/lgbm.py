@@ -2,7 +2,9 @@
 
 Each batch: a share `epsilon` is uniform exploration, the rest the annealer's best predicted
 unmeasured configs, skipping near-duplicates (closer than `min_distance` knobs to one already
-in the batch). The first batch is random until the model has data. The model is retrained after
+in the batch). Until the model has data, the template's default config and the configs most like
+it take the model's place (`prior.py`): a hand-written heuristic beats uniform draws, and the
+model then learns where the fast region is rather than starting blind. The model is retrained after
 every batch on this task's results plus, when given, records of other tasks of the same op kind,
 whose weight falls as this task's own data grows. Before each retrain, the model's ranking of the
 batch it proposed is scored (recall of the true top-k among the predicted top-k) and kept in
@@ -27,6 +29,7 @@ from stages.cost_model.metrics import topk_recall
 from stages.search.anneal import Annealer
 from stages.search.base import TunerContext
 from stages.search.codec import SpaceCodec, small_pool
+from stages.search.prior import near_default
 
 log = logging.getLogger("tunaflow.search")
 
@@ -48,13 +51,13 @@ class ModelTuner:
     name = "lgbm"
 
     def __init__(self, ctx: TunerContext, objective: str = DEFAULT_OBJECTIVE, min_distance: int = 2,
-                 transfer_half_life: int = 64):
+                 transfer_half_life: int = 64, prior: bool = True):
         self.ctx = ctx
         self.codec = SpaceCodec(ctx.space, small_pool(ctx.space))
         self.rng = np.random.default_rng(ctx.seed)
         self.model = LGBMModel(objective, seed=ctx.seed)
         self.annealer = Annealer(self.codec, self.rng)
-        self.min_distance, self.half_life = min_distance, transfer_half_life
+        self.min_distance, self.half_life, self.prior = min_distance, transfer_half_life, prior
         self.seen: set[int] = set(ctx.exclude)
         self.knobs: list[dict] = []
         self.throughput: list[float] = []
@@ -77,8 +80,12 @@ class ModelTuner:
 
     def next_batch(self, n: int) -> list[Config]:
         start = time.perf_counter()
-        explore = int(np.floor(self.ctx.epsilon * n + self.rng.random())) if self._trained else n
-        rows = self._exploit(n - explore) if explore < n else np.zeros((0, self.codec.width), np.int64)
+        explore = int(np.floor(self.ctx.epsilon * n + self.rng.random()))
+        if self._trained:
+            rows = self._exploit(n - explore) if explore < n else np.zeros((0, self.codec.width), np.int64)
+        else:  # no model yet: the template's default and the configs most like it stand in for one
+            take = n - explore if self.prior else 0
+            rows = near_default(self.ctx, self.codec, self.rng, take, self.seen, self.min_distance)
         chosen = self.codec.encode(rows).tolist() if len(rows) else []
         self.seen.update(chosen)
         extra = self.codec.random_valid(self.rng, n - len(chosen), self.seen)
