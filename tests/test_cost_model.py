@@ -157,7 +157,9 @@ def test_transfer_trains_the_model_before_any_measurement(small, other, host):
 
 def test_session_resumes_from_an_exact_match_in_a_transfer_log(tmp_path, host, small):
     src = TuningLog(tmp_path / "other")
-    src.append([r.model_copy(update={"target_key": host.key}) for r in list(small.records.values())[:10]])
+    version = template_for(small.task).VERSION  # a session resumes only from records of the current template
+    src.append([r.model_copy(update={"target_key": host.key, "template_version": version})
+                for r in list(small.records.values())[:10]])
     options = TuningOptions(n_trials=10, batch_size=5, tuner="lgbm", transfer_from=(str(tmp_path / "other"),),
                             measure=MeasureOptions(threads=small.threads))
     log = TuningLog(tmp_path / "log")
