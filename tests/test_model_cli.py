@@ -62,10 +62,16 @@ def test_build_then_run_with_inputs_outputs_and_bench(model, tmp_path):
     x = RNG.standard_normal((1, 3, 8, 8)).astype(np.float32)
     np.savez(tmp_path / "in.npz", x=x)
     r = tunaflow("run", str(lib), "--inputs", str(tmp_path / "in.npz"), "--output", str(tmp_path / "out.npz"),
-                 "--bench", "10", "--json")
+                 "--bench", "10", "--profile", "10", "--json")
     assert r.returncode == 0, r.stderr
     ran = json.loads(r.stdout)
     assert ran["outputs"] == {"y": [1, 5]} and 0 < ran["latency"]["median_ms"] <= ran["latency"]["p90_ms"]
+    calls = [op for op in manifest["ops"] if op["kind"] != "alias"]
+    assert [(p["node"], p["kind"]) for p in ran["profile"]] == [(op["node"], op["kind"]) for op in calls]
+    assert all(p["median_us"] > 0 for p in ran["profile"])
+    assert sum(p["median_us"] for p in ran["profile"]) < 2e3 * ran["latency"]["p90_ms"]
+    r = tunaflow("run", str(lib), "--profile", "5")
+    assert r.returncode == 0 and "per-op time, median of 5 runs" in r.stdout and calls[0]["node"] in r.stdout
     np.testing.assert_allclose(np.load(tmp_path / "out.npz")["y"], _ort(model, x), rtol=1e-3, atol=1e-5)
 
     np.savez(tmp_path / "bad.npz", x=np.zeros((1, 3, 8, 9), np.float32))

@@ -7,7 +7,8 @@ generated into one module together with
     void tf_run(void **inputs, void **outputs, char *weights, char *workspace)
 
 which calls the kernels in graph order, each with an argument array pointing into the
-caller's inputs/outputs, the packed weights file, or the statically planned workspace.
+caller's inputs/outputs, the packed weights file, or the statically planned workspace, and
+`tf_profile` (the same, plus `double *seconds`: each call's time, in manifest op order).
 The objects are linked with the system C compiler (`cc -shared`), together with the native runtime
 (`stages/codegen/runtime.c`, hidden inside the library) whose worker pool runs threaded kernels.
 """
@@ -32,6 +33,7 @@ from stages.build.apply_best import Choice, choose, fallback_message
 from stages.build.manifest import (
     LIBRARY,
     MANIFEST,
+    PROFILE,
     WEIGHTS,
     Manifest,
     OpInfo,
@@ -44,7 +46,8 @@ from stages.build.ops import ALIASES, OPS, OpCtx, UnsupportedOp, unsupported_nod
 from stages.build.ops_anchor import GENERIC_OPS, generic_anchor
 from stages.codegen import runtime
 from stages.codegen.compile import compile_ir
-from stages.codegen.irb import VOIDP, i64
+from stages.codegen.harness import monotonic_clock
+from stages.codegen.irb import F64, VOIDP, i64, intrinsic
 from stages.graph.ir import Graph, Node
 from stages.log import TuningLog
 from stages.templates import TEMPLATES, template_for
@@ -281,10 +284,21 @@ def _check_computed(graph: Graph, calls: list[_Call], constants: dict[str, np.nd
 
 def _emit_run(module: ir.Module, calls: list[_Call], graph: Graph, weights: dict[str, int],
               work: dict[str, int]) -> None:
+    """`tf_run`, and `tf_profile`: the same calls, each timed into `seconds[i]`."""
     vpp = VOIDP.as_pointer()
-    fn = ir.Function(module, ir.FunctionType(ir.VoidType(), [vpp, vpp, VOIDP, VOIDP]), name=RUN)
-    inputs, outputs, wbase, wsbase = fn.args
-    b = ir.IRBuilder(fn.append_basic_block("entry"))
+    for name, timed in ((RUN, False), (PROFILE, True)):
+        params = [vpp, vpp, VOIDP, VOIDP] + ([F64.as_pointer()] if timed else [])
+        fn = ir.Function(module, ir.FunctionType(ir.VoidType(), params), name=name)
+        b = ir.IRBuilder(fn.append_basic_block("entry"))
+        now = monotonic_clock(b) if timed else None
+        _emit_calls(b, fn.args, calls, graph, weights, work, now)
+        b.ret_void()
+
+
+def _emit_calls(b: ir.IRBuilder, fargs, calls: list[_Call], graph: Graph, weights: dict[str, int],
+                work: dict[str, int], now: Callable[[], ir.Value] | None) -> None:
+    inputs, outputs, wbase, wsbase = fargs[:4]
+    module = b.module
     in_idx = {v.name: i for i, v in enumerate(graph.inputs)}
     out_idx = {v.name: j for j, v in enumerate(graph.outputs)}
 
@@ -297,17 +311,18 @@ def _emit_run(module: ir.Module, calls: list[_Call], graph: Graph, weights: dict
             return b.gep(wbase, [i64(weights[name])])
         return b.gep(wsbase, [i64(work[name])])
 
-    for c in calls:
+    for i, c in enumerate(calls):
         arr = b.alloca(VOIDP, size=i64(len(c.slots)))
         for k, name in enumerate(c.slots):
             b.store(pointer(name), b.gep(arr, [i64(k)]))
-        target = module.globals.get(c.symbol)
+        start = now() if now else None
         if c.anchor:
-            target = ir.Function(module, ir.FunctionType(ir.VoidType(), [VOIDP]), name=f"{c.symbol}_main")
-            b.call(target, [b.bitcast(arr, VOIDP)])
+            main = intrinsic(module, f"{c.symbol}_main", ir.VoidType(), [VOIDP])
+            b.call(main, [b.bitcast(arr, VOIDP)])
         else:
-            b.call(target, [arr])
-    b.ret_void()
+            b.call(module.globals[c.symbol], [arr])
+        if now is not None:
+            b.store(b.fsub(now(), start), b.gep(fargs[4], [i64(i)]))
 
 
 def _link(compiler: str, objects: list[bytes], dest: Path) -> None:

@@ -13,6 +13,7 @@ FORMAT_VERSION = 1
 MANIFEST = "manifest.json"
 LIBRARY = "model.so"
 WEIGHTS = "weights.bin"
+PROFILE = "tf_profile"  # the library entry point that times each kernel call
 
 
 class TensorInfo(BaseModel):

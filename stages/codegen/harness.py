@@ -7,28 +7,37 @@ each call is preceded by writing the buffer (evicting caches) and only the call 
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from llvmlite import ir
 
-from stages.codegen.irb import F32, F32P, F64, I32, I64, VOIDP, for_range, gep, i64
+from stages.codegen.irb import F32, F32P, F64, I32, I64, VOIDP, for_range, gep, i64, intrinsic
 
 TIMESPEC = ir.LiteralStructType([I64, I64])
 CLOCK_MONOTONIC = 1
 
 
-def add_harness(module: ir.Module, main: ir.Function) -> ir.Function:
-    clock = ir.Function(module, ir.FunctionType(I32, [I32, TIMESPEC.as_pointer()]), name="clock_gettime")
-    fn = ir.Function(module, ir.FunctionType(F64, [VOIDP, I64, F32P, I64]), name="tf_bench")
-    args, number, flush, flush_len = fn.args
-    b = ir.IRBuilder(fn.append_basic_block("entry"))
+def monotonic_clock(b: ir.IRBuilder) -> Callable[[], ir.Value]:
+    """A `now()` emitting a CLOCK_MONOTONIC read, in seconds as a double, at the builder's position."""
+    clock = intrinsic(b.module, "clock_gettime", I32, [I32, TIMESPEC.as_pointer()])
     ts = b.alloca(TIMESPEC)
-    total = b.alloca(F64)
-    b.store(ir.Constant(F64, 0.0), total)
 
     def now() -> ir.Value:
         b.call(clock, [ir.Constant(I32, CLOCK_MONOTONIC), ts])
         sec = b.load(b.gep(ts, [ir.Constant(I32, 0), ir.Constant(I32, 0)]))
         nsec = b.load(b.gep(ts, [ir.Constant(I32, 0), ir.Constant(I32, 1)]))
         return b.fadd(b.sitofp(sec, F64), b.fmul(b.sitofp(nsec, F64), ir.Constant(F64, 1e-9)))
+
+    return now
+
+
+def add_harness(module: ir.Module, main: ir.Function) -> ir.Function:
+    fn = ir.Function(module, ir.FunctionType(F64, [VOIDP, I64, F32P, I64]), name="tf_bench")
+    args, number, flush, flush_len = fn.args
+    b = ir.IRBuilder(fn.append_basic_block("entry"))
+    now = monotonic_clock(b)
+    total = b.alloca(F64)
+    b.store(ir.Constant(F64, 0.0), total)
 
     with for_range(b, i64(0), number, name="call"):
         with for_range(b, i64(0), flush_len, name="f") as j:

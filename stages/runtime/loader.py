@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 from pydantic import ValidationError
 
-from stages.build.manifest import LIBRARY, MANIFEST, WEIGHTS, Manifest, TensorInfo, file_digest
+from stages.build.manifest import LIBRARY, MANIFEST, PROFILE, WEIGHTS, Manifest, OpInfo, TensorInfo, file_digest
 from stages.build.memplan import ALIGN
 
 
@@ -117,6 +117,26 @@ class Model:
         ins = (ctypes.c_void_p * max(1, len(feeds)))(*[a.ctypes.data for a in feeds])
         res = (ctypes.c_void_p * max(1, len(outs)))(*[a.ctypes.data for a in outs])
         self._run(ins, res, self._weights.ctypes.data, self._work.ctypes.data)
+
+    def profile(self, number: int, *args: np.ndarray, warmup: int = 3,
+                **named: np.ndarray) -> list[tuple[OpInfo, float]]:
+        """Median seconds of each kernel call over `number` runs, in graph order (aliases cost nothing)."""
+        fn = getattr(self._lib, PROFILE, None)
+        if fn is None:
+            raise LoadError(f"{self.path} has no {PROFILE}: it was built by an older tunaflow; rebuild it")
+        vpp = ctypes.POINTER(ctypes.c_void_p)
+        fn.argtypes = [vpp, vpp, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p]
+        fn.restype = None
+        ops = [op for op in self.manifest.ops if op.kind != "alias"]
+        feeds = self._feeds(args, named)
+        outs = [np.empty(o.shape, dtype=o.dtype) for o in self.outputs]
+        ins = (ctypes.c_void_p * max(1, len(feeds)))(*[a.ctypes.data for a in feeds])
+        res = (ctypes.c_void_p * max(1, len(outs)))(*[a.ctypes.data for a in outs])
+        seconds = np.zeros((warmup + number, max(1, len(ops))), dtype=np.float64)
+        for row in seconds:
+            fn(ins, res, self._weights.ctypes.data, self._work.ctypes.data, row.ctypes.data)
+        medians = np.median(seconds[warmup:], axis=0)
+        return list(zip(ops, (float(m) for m in medians), strict=False))
 
     def bench(self, number: int, *args: np.ndarray, warmup: int = 3, **named: np.ndarray) -> list[float]:
         """Seconds of each of `number` calls (after `warmup` untimed ones)."""

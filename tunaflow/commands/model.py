@@ -98,12 +98,14 @@ def run(
     inputs: Annotated[Path | None, typer.Option(help=".npz with one array per model input (default: random)")] = None,
     output: Annotated[Path | None, typer.Option(help="write the outputs to this .npz")] = None,
     bench: Annotated[int, typer.Option(help="time this many calls and report median / p90 latency")] = 0,
+    profile: Annotated[int, typer.Option(help="time each kernel over this many runs: median per op, its share, "
+                                              "and the time its record had when tuned")] = 0,
     threads: Annotated[int | None, typer.Option(help="check the library was built for this many threads")] = None,
     json_out: JsonOpt = False,
 ) -> None:
-    """Run a built library on inputs from an .npz (and optionally time it).
+    """Run a built library on inputs from an .npz (and optionally time it, whole or per op).
 
-    Example: tunaflow run runs/cnn/lib --inputs in.npz --output out.npz --bench 50
+    Example: tunaflow run runs/cnn/lib --inputs in.npz --output out.npz --bench 50 --profile 50
     """
     import numpy as np
 
@@ -121,12 +123,16 @@ def run(
     try:
         results = model.run(**feeds)
         stats = latency_stats(model.bench(bench, **feeds)) if bench > 0 else None
+        per_op = model.profile(profile, **feeds) if profile > 0 else None
     except LoadError as exc:
         raise fail(str(exc)) from exc
     if output is not None:
         np.savez(output, **results)
     report = {"library": str(library), "outputs": {k: list(v.shape) for k, v in results.items()},
-              "output_file": str(output) if output else None, "threads": model.manifest.threads, "latency": stats}
+              "output_file": str(output) if output else None, "threads": model.manifest.threads, "latency": stats,
+              "profile": [{"node": op.node, "op": op.op, "kind": op.kind, "task": op.task, "median_us": s * 1e6,
+                           "tuned_us": op.record["median_s"] * 1e6 if op.record else None}
+                          for op, s in per_op] if per_op is not None else None}
     if json_out:
         print(json.dumps(report))
         return
@@ -137,6 +143,22 @@ def run(
     if stats:
         out.print(f"latency  : median {stats['median_ms']:.3f} ms, p90 {stats['p90_ms']:.3f} ms over "
                   f"{stats['calls']} calls ({model.manifest.threads} thread(s))")
+    if report["profile"] is not None:
+        _print_profile(report["profile"], profile)
+
+
+def _print_profile(rows: list[dict], runs: int) -> None:
+    from rich.table import Table
+
+    total = sum(r["median_us"] for r in rows) or 1.0
+    table = Table(title=f"per-op time, median of {runs} runs (sum {total:.1f} us)")
+    for col in ("#", "node", "op", "kind", "us", "share", "when tuned us"):
+        table.add_column(col, justify="right" if col in ("#", "us", "share", "when tuned us") else "left")
+    for i, r in sorted(enumerate(rows), key=lambda ir: -ir[1]["median_us"]):
+        tuned = f"{r['tuned_us']:.1f}" if r["tuned_us"] is not None else "-"
+        table.add_row(str(i), r["node"], r["op"], r["kind"], f"{r['median_us']:.1f}",
+                      f"{r['median_us'] / total:.0%}", tuned)
+    out.print(table)
 
 
 def _feeds(model, inputs: Path | None) -> dict:
