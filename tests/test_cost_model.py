@@ -5,9 +5,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from schemas import MeasureOptions, TuningOptions, matmul_task
+from schemas import MeasureOptions, MeasureResult, TuningOptions, matmul_task
+from schemas.measure import MeasureErrorNo
 from schemas.task import TensorSpec, TuningTask
-from stages.cost_model.dataset import Rows, knob_columns, task_rows, transfer_rows
+from stages.cost_model.dataset import Rows, knob_columns, speed, task_rows, transfer_rows
 from stages.cost_model.features import FEATURES, feature_names, featurize, generic_features
 from stages.cost_model.lgbm import LGBMModel, relevance
 from stages.cost_model.metrics import topk_recall
@@ -97,6 +98,11 @@ def test_ops_without_a_feature_function_get_generic_features(host):
     assert set(out) == {"knob_oc_block", "knob_layout", "out_log", "in_log", "lane_frac"}
     assert out["knob_oc_block"][0] > out["knob_oc_block"][1] and out["knob_layout"][0] != out["knob_layout"][1]
     assert x is None or np.isfinite(x).all()
+
+
+def test_labels_take_the_fastest_repeat_and_zero_for_failures():
+    assert speed(MeasureResult(costs=(2.0, 0.5, 4.0))) == 2.0
+    assert speed(MeasureResult(costs=(), error_no=MeasureErrorNo.runtime_error, error_msg="boom")) == 0.0
 
 
 def test_topk_recall_and_relevance_buckets():

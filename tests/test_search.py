@@ -13,10 +13,10 @@ from schemas import MeasureOptions, MeasureResult, TuningOptions, matmul_task
 from stages.log import TuningLog
 from stages.search import TUNERS, make_tuner
 from stages.search.base import TunerContext
-from stages.search.codec import SpaceCodec
+from stages.search.codec import SpaceCodec, small_pool
 from stages.search.lgbm import ModelTuner
 from stages.search.prior import default_knobs, near_default
-from stages.search.simulate import load_samples, replay, replay_tuner, trials_to
+from stages.search.simulate import load_samples, replay, replay_tuner, sample_space, trials_to
 from stages.templates import template_for
 from stages.tune.session import TuningSession
 
@@ -190,3 +190,12 @@ def test_an_op_without_a_template_gets_no_prior(sample, host):
     assert default_knobs(ctx) is None
     assert len(near_default(ctx, SpaceCodec(sample.space), np.random.default_rng(0), 4, set())) == 0
     assert len(make_tuner("lgbm", ctx).next_batch(8)) == 8
+
+
+def test_prior_ignores_a_knob_the_recorded_sample_predates(sample, host):
+    knobs = [{k: v for k, v in r.config.knobs.items() if k != "order"} for r in sample.records.values()]
+    space = sample_space(knobs)
+    ctx = TunerContext(space=space, task=sample.task, target=host, seed=0)
+    assert "order" in default_knobs(ctx)
+    rows = near_default(ctx, SpaceCodec(space, small_pool(space)), np.random.default_rng(0), 4, set())
+    assert len(rows) == 4

@@ -1,7 +1,7 @@
 """Training rows for a cost model: features per config, labels normalised per task.
 
 Labels are throughput / best throughput of the same task (failures 0), so tasks of different
-sizes, and logs of other shapes or machines, share one scale.
+sizes, and logs of other shapes or machines, share one scale; throughput is the fastest repeat's.
 """
 
 from __future__ import annotations
@@ -11,6 +11,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from schemas.measure import MeasureResult
 from schemas.record import TuningRecord
 from schemas.target import Target
 from schemas.task import TuningTask
@@ -53,6 +54,13 @@ def knob_columns(knobs: Sequence[Knobs]) -> dict[str, np.ndarray]:
     return cols
 
 
+def speed(result: MeasureResult) -> float:
+    """A label's raw throughput (1 / seconds, 0 for a failure) from the fastest repeat: contention on a
+    shared machine only ever slows a run down, so the minimum is the least noisy estimate of the
+    config's own speed (a median still carries whichever repeats were disturbed)."""
+    return 1.0 / min(result.costs) if result.ok else 0.0
+
+
 def normalise(throughput: np.ndarray) -> np.ndarray:
     best = float(np.max(throughput)) if len(throughput) else 0.0
     return throughput / best if best > 0 else np.zeros_like(throughput)
@@ -80,5 +88,5 @@ def transfer_rows(records: Sequence[TuningRecord], target: Target, weight: float
     for recs in by_group.values():
         task = recs[0].task
         parts.append(task_rows(task, target, recs[0].threads, [r.config.knobs for r in recs],
-                               np.array([r.gflops if r.result.ok else 0.0 for r in recs]), weight))
+                               np.array([speed(r.result) for r in recs]), weight))
     return Rows.concat(parts)

@@ -22,7 +22,7 @@ import numpy as np
 
 from schemas.config import Config
 from schemas.measure import MeasureResult
-from stages.cost_model.dataset import Rows, task_rows, transfer_rows
+from stages.cost_model.dataset import Rows, speed, task_rows, transfer_rows
 from stages.cost_model.features import featurize
 from stages.cost_model.lgbm import LGBMModel
 from stages.cost_model.metrics import topk_recall
@@ -115,7 +115,7 @@ class ModelTuner:
         for c, r in zip(configs, results, strict=True):
             self.knobs.append(dict(c.knobs))
             self.indices.append(c.index)
-            self.throughput.append(1.0 / r.median if r.ok else 0.0)
+            self.throughput.append(speed(r))
             self.seen.add(c.index)
 
     def _features(self, knobs: list[dict]) -> np.ndarray:

@@ -36,8 +36,9 @@ def near_default(ctx: TunerContext, codec: SpaceCodec, rng: np.random.Generator,
     knobs from those already picked (a tight cluster would teach the model one point)."""
     knobs = default_knobs(ctx)
     names = [k.name for k in ctx.space.knobs]
-    if n <= 0 or knobs is None or set(knobs) != set(names):
+    if n <= 0 or knobs is None or not set(names) <= set(knobs):
         return np.zeros((0, codec.width), np.int64)
+    knobs = {name: knobs[name] for name in names}  # a recorded sample may predate a knob the template added
     cand = _candidates(codec, rng, knobs, exclude)
     if not len(cand):
         return cand
