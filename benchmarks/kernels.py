@@ -228,7 +228,7 @@ def table(rows: list[dict], n_configs: int, command: str) -> str:
         lines.append(f"| {r['case']} | {r['threads']} | {r['numpy_gflops']:.1f} | {r['default_gflops']:.1f} | "
                      f"{r['default_ratio']:.2f}x | {r['best_gflops']:.1f} | **{r['best_ratio']:.2f}x** | `{knobs}` |")
     lines += ["", "| goal (issue 9) | target | measured | verdict |", "|---|---|---|---|", *goals(rows), "",
-              f"Compile time: IR build + O2 + codegen, wall clock, 2 compiles in parallel, over {n_compiled} "
+              f"Compile time: IR build + LLVM O1 + codegen, wall clock, 2 compiles in parallel, over {n_compiled} "
               f"candidates. Candidates with a wrong answer: {sum(r['wrong'] for r in rows)}.", END]
     return "\n".join(lines)
 

@@ -241,7 +241,7 @@ def table(rows: list[dict], n_configs: int, command: str) -> str:
         lines.append(f"| {r['layer']} | {r['threads']} | {r['ort_ms']:.3f} | {r['ort_gflops']:.1f} | "
                      f"{r['default_gflops']:.1f} | {r['default_ratio']:.2f}x | {r['best_gflops']:.1f} | "
                      f"**{r['best_ratio']:.2f}x** | `{knobs}` |")
-    lines += ["", f"Median compile time per candidate (IR build + O2 + codegen, 2 compiles in parallel): "
+    lines += ["", f"Median compile time per candidate (IR build + LLVM O1 + codegen, 2 compiles in parallel): "
               f"**{compile_ms:.0f} ms** over {sum(len(r['compile_s']) for r in rows)} candidates.", "",
               "Goals (issue 10):", *goals(rows, compile_ms), END]
     return "\n".join(lines)

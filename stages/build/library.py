@@ -45,7 +45,7 @@ from stages.build.memplan import Step, aligned, plan_workspace
 from stages.build.ops import ALIASES, OPS, OpCtx, UnsupportedOp, unsupported_nodes
 from stages.build.ops_anchor import GENERIC_OPS, generic_anchor
 from stages.codegen import runtime
-from stages.codegen.compile import compile_ir
+from stages.codegen.compile import GENERATED_OPS_LEVEL, compile_ir
 from stages.codegen.harness import monotonic_clock
 from stages.codegen.irb import F64, VOIDP, i64, intrinsic
 from stages.graph.ir import Graph, Node
@@ -110,7 +110,7 @@ def build_library(graph: Graph, target: Target, out: Path, threads: int = 1, log
                                 tuple(s for s in c.slots if s in c.node.outputs)) for c in calls], work)
     _check_computed(graph, calls, constants)
     _emit_run(module, calls, graph, weight_offsets, plan.offsets)
-    objects = [*low.objects, compile_ir(module, target).data]
+    objects = [*low.objects, compile_ir(module, target, GENERATED_OPS_LEVEL).data]
 
     out.mkdir(parents=True, exist_ok=True)
     _link(compiler, objects, out / LIBRARY)
