@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterator
 from contextlib import contextmanager
 
@@ -85,7 +86,7 @@ def _no_unroll(mod: ir.Module) -> ir.MDValue:
 
 def splat(b: ir.IRBuilder, scalar: ir.Value, lanes: int) -> ir.Value:
     v = b.insert_element(ir.Constant(vec(lanes), ir.Undefined), scalar, ir.Constant(I32, 0))
-    mask = ir.Constant(ir.VectorType(I32, lanes), [0] * lanes)
+    mask = ir.Constant(ir.VectorType(I32, lanes), None)  # zeroinitializer: far cheaper to print than N zeros
     return b.shuffle_vector(v, ir.Constant(vec(lanes), ir.Undefined), mask)
 
 
@@ -109,8 +110,10 @@ def lanes_of(ty: ir.Type) -> int:
 
 
 def fconst(ty: ir.Type, value: float) -> ir.Constant:
-    """A float constant of a scalar or vector float type (splatted)."""
+    """A float constant of a scalar or vector float type (splatted; zero as zeroinitializer)."""
     n = lanes_of(ty)
+    if n and value == 0.0 and math.copysign(1.0, value) > 0:
+        return ir.Constant(ty, None)
     return ir.Constant(ty, [value] * n) if n else ir.Constant(ty, value)
 
 
@@ -138,7 +141,7 @@ def load_vec(b: ir.IRBuilder, ptr: ir.Value, lanes: int, valid: int | ir.Value |
     mask = lane_mask(lanes, valid) if isinstance(valid, int) else valid
     fn = intrinsic(b.module, f"llvm.masked.load.v{lanes}f32.p0", vty,
                    [vty.as_pointer(), I32, mask.type, vty])
-    return b.call(fn, [vptr, ir.Constant(I32, 4), mask, ir.Constant(vty, [0.0] * lanes)])
+    return b.call(fn, [vptr, ir.Constant(I32, 4), mask, ir.Constant(vty, None)])
 
 
 def store_vec(b: ir.IRBuilder, value: ir.Value, ptr: ir.Value, valid: int | ir.Value | None = None) -> None:

@@ -258,7 +258,7 @@ class _Gen:
         masks = [[_and_mask(b, col_mask[j], row_ok[i], vw) for j in range(nv)] for i in range(mr)]
         cptr = gep(b, c, c_off)
         crow = [gep(b, cptr, i64(i * g.n)) for i in range(mr)]
-        zero = ir.Constant(vty, [0.0] * vw)
+        zero = ir.Constant(vty, None)
         if self.kb_count == 1:
             accs: list[ir.Value] = [zero] * (mr * nv)
         else:
@@ -344,7 +344,7 @@ class _Gen:
 def _splat_int(b: ir.IRBuilder, x: ir.Value, lanes: int) -> ir.Value:
     ity = ir.VectorType(I32, lanes)
     v = b.insert_element(ir.Constant(ity, ir.Undefined), x, ir.Constant(I32, 0))
-    return b.shuffle_vector(v, ir.Constant(ity, ir.Undefined), ir.Constant(ity, [0] * lanes))
+    return b.shuffle_vector(v, ir.Constant(ity, ir.Undefined), ir.Constant(ity, None))
 
 
 def _and_mask(b: ir.IRBuilder, cols: ir.Value | None, row_ok: ir.Value | None, vw: int) -> ir.Value | None:
