@@ -5,8 +5,11 @@ from __future__ import annotations
 
 import ctypes
 import multiprocessing as mp
+import os
 import subprocess
+import sys
 import threading
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -112,3 +115,26 @@ def test_the_shared_runtime_is_cached_per_source(tmp_path, monkeypatch):
     assert first.parent == tmp_path and first.exists()
     mtime = first.stat().st_mtime_ns
     assert runtime.shared_library() == first and first.stat().st_mtime_ns == mtime
+
+
+_NO_CC = """
+import sys
+from schemas import Target
+from stages.codegen.jit import LoadedKernel
+sys.path.insert(0, "tests")
+from test_parallel_runtime import _count_kernel
+LoadedKernel(_count_kernel(1), Target.host())
+try:
+    LoadedKernel(_count_kernel(2), Target.host())
+except RuntimeError as exc:
+    print("refused:", exc)
+"""
+
+
+def test_one_thread_kernels_need_no_c_compiler(tmp_path):
+    """Without a compiler only threaded kernels are refused, with a message that says why."""
+    env = {**os.environ, "CC": "no-such-cc", "TUNAFLOW_CACHE": str(tmp_path)}
+    proc = subprocess.run([sys.executable, "-c", _NO_CC], env=env, capture_output=True, text=True,
+                          cwd=Path(__file__).resolve().parents[1], timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert "refused: no C compiler found (CC=no-such-cc)" in proc.stdout

@@ -11,6 +11,7 @@ import numpy as np
 from schemas.target import Target
 from stages.codegen import runtime
 from stages.codegen.machine import target_machine
+from stages.codegen.parallel import PARALLEL_FOR
 
 MAIN = "tf_main"
 BENCH = "tf_bench"
@@ -20,7 +21,8 @@ class LoadedKernel:
     """Owns its engine: the machine code lives as long as this object."""
 
     def __init__(self, obj: bytes, target: Target):
-        runtime.load()
+        if PARALLEL_FOR.encode() in obj:  # only threaded kernels need the runtime (and so a C compiler)
+            runtime.load()
         tm = target_machine(target, jit=True)
         self._engine = llvm.create_mcjit_compiler(llvm.parse_assembly(""), tm)
         self._engine.add_object_file(llvm.ObjectFileRef.from_data(obj))

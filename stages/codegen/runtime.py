@@ -29,9 +29,11 @@ def cache_dir() -> Path:
 
 
 def compiler() -> str:
-    cc = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc") or shutil.which("clang")
+    wanted = os.environ.get("CC")
+    cc = shutil.which(wanted) if wanted else (shutil.which("cc") or shutil.which("gcc") or shutil.which("clang"))
     if not cc:
-        raise RuntimeError("no C compiler found (set CC): tunaflow's runtime and model libraries are linked with one")
+        raise RuntimeError(f"no C compiler found ({'CC=' + wanted if wanted else 'cc, gcc or clang'}): threaded "
+                           "kernels need tunaflow's runtime (runtime.c) compiled once; install one or set CC")
     return cc
 
 
