@@ -119,6 +119,44 @@ def test_default_schedules_are_valid_and_fill_the_registers(layer):
         assert accumulators >= target.vector_registers // 2
 
 
+@pytest.mark.parametrize("stride,icb,par,threads",
+                         [(1, 4, "oh", 2), (2, 16, "oc", 1), (1, 16, "oh", 1), (3, 2, "oc", 2)])
+def test_flat_grid_tiles_store_around_the_padding_columns(stride, icb, par, threads):
+    """Vectors spanning output rows, channel blocks accumulated through Y, a residual read the same way."""
+    task = conv2d.conv2d_task((2, 12, 13, 11), (10, 12, 3, 3), (stride, stride), (1, 2, 1, 0), (1, 1), 1,
+                              parse_epilogue("bias,residual_add,relu"))
+    knobs = {**conv2d.default_config(task, HOST).knobs, "flat": 1, "rh": 1, "vw": 8, "nw": 2, "mr": 3, "icb": icb,
+             "par": par, "ocn": 2}
+    assert conv2d.space(task, HOST).reason(knobs) is None
+    inputs = conv2d.make_inputs(task)
+    assert_matches(task, run(task, knobs, inputs, threads), conv2d.reference(task, inputs))
+
+
+def test_narrow_layers_default_to_the_flat_grid():
+    def flat(x, w, s):
+        return conv2d.default_config(conv2d.conv2d_task(x, w, (s, s), (1, 1, 1, 1)), HOST).knobs["flat"]
+
+    assert flat((1, 128, 28, 28), (128, 128, 3, 3), 1) == 1  # 28 of 32 lanes in rows; 784 of 816 on the grid
+    assert flat((1, 128, 56, 56), (128, 128, 3, 3), 2) == 1
+    assert flat((1, 64, 56, 56), (64, 64, 3, 3), 1) == 0  # 56 columns fill 7 vectors exactly
+
+
+def test_strided_input_is_packed_in_phases_of_both_axes():
+    task = conv2d.conv2d_task((1, 2, 5, 6), (4, 2, 3, 3), (2, 2), (1, 1, 1, 1))
+    knobs = conv2d.default_config(task, HOST).knobs
+    x = conv2d.make_inputs(task)[0]
+    p = conv2d.plan(task, knobs)
+    assert (p.hq, p.wq, p.plane) == (4, 4, 64) and p.tap(2, 1) == (1 * 4 + 1) * 4  # row 2 → phase 0 row 1
+    args = conv2d.kernel_args(task, knobs, conv2d.make_inputs(task))
+    assert args[2].size == p.workspace >= 2 * p.plane
+    LoadedKernel(compile_ir(conv2d.build_ir(task, knobs, HOST, 1), HOST).data, HOST)(args)
+    planes = args[2][: 2 * p.plane].reshape(2, 2, 2, 4, 4)  # [c][row phase][column phase][row][column]
+    xpad = np.pad(x, ((0, 0), (0, 0), (1, 2), (1, 1)))  # rows padded up to 2 phases x 4
+    for rph in (0, 1):
+        for cph in (0, 1):
+            np.testing.assert_array_equal(planes[:, rph, cph], xpad[0, :, rph::2, cph::2])
+
+
 def test_a_default_schedule_runs_a_batched_resnet_block_correctly():
     task = conv2d.conv2d_task((2, 32, 14, 14), (48, 32, 3, 3), (1, 1), (1, 1, 1, 1), (1, 1), 1,
                               parse_epilogue("scale_shift,residual_add,relu"))

@@ -22,7 +22,7 @@ from stages.templates.conv2d_shape import reference as _reference
 from stages.templates.space import ConfigSpace, Knob, Knobs
 
 NAME = "conv2d"
-VERSION = 1
+VERSION = 2  # 2: input packed in 2-D stride phases, knob `flat`
 
 VW = (4, 8, 16)
 MR = (1, 2, 3, 4, 5, 6, 7, 8, 10, 12, 14, 16)
@@ -34,6 +34,7 @@ UNROLL = (0, 1, 2)  # kernel window loops unrolled: none, kw, kh and kw
 UK = (1, 2, 3, 4)
 OCN = (1, 2, 4, 8, 16, 32, 64)
 PAR = ("oc", "oh")
+FLAT = (0, 1)  # 1: tiles run along the flattened grid of output rows `wq` apart (narrow layers)
 
 MAX_UNROLLED_FMAS = 512  # keeps a candidate's compile time down
 PAR_ITEMS = 8  # the default keeps at least this many channel blocks when it can
@@ -59,7 +60,7 @@ def task_from_cli(opts: dict) -> TuningTask:
 def plan(task: TuningTask, knobs: Knobs) -> Plan:
     c = knobs
     return Plan(geom(task), int(c["vw"]), int(c["mr"]), int(c["nw"]), int(c["rh"]), int(c["icb"]), str(c["order"]),
-                int(c["unroll"]), int(c["uk"]), int(c["ocn"]), str(c["par"]))
+                int(c["unroll"]), int(c["uk"]), int(c["ocn"]), str(c["par"]), int(c["flat"]))
 
 
 def space(task: TuningTask, target: Target) -> ConfigSpace:
@@ -75,6 +76,8 @@ def space(task: TuningTask, target: Target) -> ConfigSpace:
             return f"a {p.mr}x{p.rh}x{p.nw} tile needs {p.mr * nv + nv + 1} vector registers, target has {regs}"
         if (p.nw - 1) * p.vw >= p.out_w:
             return f"nw={p.nw} vectors of {p.vw} leave a whole vector past the output width {p.out_w}"
+        if p.flat and p.rh > 1:
+            return f"a flat tile has one row (rh={p.rh}): its rows are the grid's"
         if p.rh > p.out_h:
             return f"rh={p.rh} exceeds the output height {p.out_h}"
         if p.mr > g.oc:
@@ -97,48 +100,56 @@ def space(task: TuningTask, target: Target) -> ConfigSpace:
         return None
 
     knobs = (Knob("vw", VW), Knob("mr", MR), Knob("nw", NW), Knob("rh", RH), Knob("icb", ICB),
-             Knob("order", ORDER), Knob("unroll", UNROLL), Knob("uk", UK), Knob("ocn", OCN), Knob("par", PAR))
+             Knob("order", ORDER), Knob("unroll", UNROLL), Knob("uk", UK), Knob("ocn", OCN), Knob("par", PAR),
+             Knob("flat", FLAT))
     return ConfigSpace(knobs=knobs, rule=rule)
 
 
 def default_config(task: TuningTask, target: Target) -> Config:
-    """Widest vectors; the tile (`mr` channels x `rh*nw` vectors) that wastes the fewest lanes on the
-    output width, holds about 24 accumulators and balances broadcasts against loads; the input slab
-    of one column tile in half of L1, the weights of a channel block in half of L2; the parallel
-    axis is whichever has more items (channel blocks of whole groups for grouped convs)."""
+    """Widest vectors; the tile (`mr` channels x `rh*nw` vectors), rows or flat grid, that wastes the
+    fewest lanes on the output, holds about 24 accumulators and balances broadcasts against loads; the
+    input slab of one column tile in half of L1 for a GEMM, in a quarter of L2 for a packed input
+    (which streams from L2 anyway: splitting channels adds partial-sum round trips through Y), the
+    weights of a channel block in half of L2; the parallel axis is whichever has more items
+    (channel blocks of whole groups for grouped convs)."""
     g = geom(task)
     sp = space(task, target)
     regs, lanes = target.vector_registers, target.vector_lanes
-    out_h, out_w = (1, g.oh * g.ow) if g.is_1x1_gemm else (g.oh, g.ow)
     best: tuple | None = None
-    for vw in (v for v in VW if v in (lanes, lanes // 2)):
-        for nw in (n for n in NW if (n - 1) * vw < out_w):
-            for rh in (r for r in RH if r <= out_h):
-                nv = rh * nw
-                mrs = [m for m in MR if m * nv + nv + 1 <= regs and m <= g.oc
-                       and (g.groups == 1 or g.ocg % m == 0 or m % g.ocg == 0)]
-                if not mrs:
-                    continue
-                mr = max(mrs)
-                lane_eff = out_w * out_h / (-(-out_w // (nw * vw)) * nw * vw * -(-out_h // rh) * rh)
-                fill = min(1.0, mr * nv / 24)
-                score = (round(lane_eff * fill, 2), -abs(mr - nv), nw, vw)
-                if best is None or score > best[0]:
-                    best = (score, vw, nw, rh, mr)
+    for flat in FLAT:
+        p = plan(task, {"vw": lanes, "mr": 1, "nw": 1, "rh": 1, "icb": 1, "order": "chw", "unroll": 0, "uk": 1,
+                        "ocn": 1, "par": "oc", "flat": flat})
+        out_h, out_w = p.out_h, p.out_w
+        for vw in (v for v in VW if v in (lanes, lanes // 2)):
+            for nw in (n for n in NW if (n - 1) * vw < out_w):
+                for rh in (r for r in RH if r <= out_h):
+                    nv = rh * nw
+                    mrs = [m for m in MR if m * nv + nv + 1 <= regs and m <= g.oc
+                           and (g.groups == 1 or g.ocg % m == 0 or m % g.ocg == 0)]
+                    if not mrs:
+                        continue
+                    mr = max(mrs)
+                    lane_eff = g.oh * g.ow / (-(-out_w // (nw * vw)) * nw * vw * -(-out_h // rh) * rh)
+                    fill = min(1.0, mr * nv / 24)
+                    score = (round(lane_eff * fill, 2), -abs(mr - nv), nw, vw)
+                    if best is None or score > best[0]:
+                        best = (score, vw, nw, rh, mr, flat, out_h, out_w)
     assert best is not None, f"no register tile fits {task.description}"
-    _, vw, nw, rh, mr = best
+    _, vw, nw, rh, mr, flat, out_h, out_w = best
     window_in = ((rh - 1) * g.sh + (g.kh - 1) * g.dh + 1) * (nw * vw * g.sw + (g.kw - 1) * g.dw)
-    icb = _fit(ICB, max(1, target.l1_bytes // 2 // (4 * window_in)), g.icg)
+    slab = target.l1_bytes // 2 if g.is_1x1_gemm else target.l2_bytes // 4  # a packed slab streams from L2 anyway
+    icb = _fit(ICB, max(1, slab // (4 * window_in)), g.icg)
     tiles = -(-g.oc // mr)
     ocn = _fit(OCN, max(1, target.l2_bytes // 2 // (4 * mr * icb * g.kh * g.kw)), tiles)
-    par = "oc" if -(-tiles // ocn) >= -(-out_h // rh) else "oh"
+    oh_items = -(-out_w // (nw * vw)) if flat and not g.is_1x1_gemm else -(-out_h // rh)  # grid column tiles
+    par = "oc" if -(-tiles // ocn) >= oh_items else "oh"
     while par == "oc" and ocn > 1 and -(-tiles // ocn) < PAR_ITEMS:  # enough items to balance the cores
         ocn //= 2
     if g.groups > 1 and not g.is_1x1_gemm:  # blocks of whole groups: each thread packs only its own planes
         ocn = min(c for c in OCN if (c * mr) % g.ocg == 0 or c >= tiles)
         par = "oc"
     knobs: Knobs = {"vw": vw, "mr": mr, "nw": nw, "rh": rh, "icb": icb, "order": "chw", "unroll": 1, "uk": 1,
-                    "ocn": ocn, "par": par}
+                    "ocn": ocn, "par": par, "flat": flat}
     for unroll, uk in ((1, 1), (2, 1), (0, 1), (0, 2), (0, 4)):
         knobs.update(unroll=unroll, uk=uk)
         if sp.reason(knobs) is None:

@@ -5,10 +5,13 @@ no layout transform): a register tile holds `mr` output channels x `rh` output r
 vectors of `vw` output columns. Each reduction step broadcasts `mr` weights and loads `rh*nw`
 input vectors, like a GEMM micro-kernel whose A panel is the packed weights.
 
-The pack phase writes the zero-padded input with its width split into `stride` phases,
-`Xp[n][c][row][phase][q] = Xpad[n][c][row][q*sw + phase]`, so the input of every window tap is a
-unit-stride vector for any stride and dilation. A 1x1, stride-1, unpadded conv skips it and
-runs as a GEMM over the flattened image (weights packed into panels, the image read in place).
+The pack phase writes the zero-padded input split into stride phases along both axes,
+`Xp[n][c][rph][cph][r][q] = Xpad[n][c][r*sh + rph][q*sw + cph]`, so every window tap reads the
+same `oh*wq + ow` grid at a constant offset: a unit-stride vector for any stride and dilation.
+With `flat`, the tile runs along that grid as one axis (output rows `wq` apart, the `wq - ow`
+padding columns computed and never stored), so narrow layers (28 wide) fill whole vectors.
+A 1x1, stride-1, unpadded conv skips the pack and is flat with `wq == ow`: a GEMM over the
+flattened image (weights packed into panels, the image read in place).
 Group convolutions tile the global output-channel axis: a tile inside one group shares its
 input vectors; a tile spanning whole groups (depthwise) loads each group's own input.
 """
@@ -43,6 +46,8 @@ from stages.codegen.irb import (
 from stages.templates import epilogue
 from stages.templates.conv2d_shape import ConvGeom
 
+PACK_LANES = 8  # columns per vector of the strided pack copy
+
 
 @dataclass(frozen=True)
 class Plan:
@@ -59,10 +64,27 @@ class Plan:
     uk: int
     ocn: int
     par: str
+    flat_grid: int = 0
+
+    @property
+    def gemm(self) -> bool:
+        """X is read in place (no pack phase)."""
+        return self.g.is_1x1_gemm
 
     @property
     def flat(self) -> bool:
-        return self.g.is_1x1_gemm
+        """The tile runs along the `oh*wq` grid as one axis (`rh` is 1); for a GEMM, the flattened image."""
+        return bool(self.flat_grid)
+
+    @property
+    def hq(self) -> int:
+        """Rows of one stride phase of a packed input plane."""
+        return -(-(self.g.h + self.g.pt + self.g.pb) // self.g.sh)
+
+    @property
+    def wq(self) -> int:
+        """Columns of one stride phase of a packed input row: the grid's row pitch."""
+        return -(-(self.g.w + self.g.pl + self.g.pr) // self.g.sw)
 
     @property
     def out_h(self) -> int:
@@ -70,33 +92,35 @@ class Plan:
 
     @property
     def out_w(self) -> int:
-        return self.g.oh * self.g.ow if self.flat else self.g.ow
+        """Extent of the tiled column axis (the grid up to the last output when flat)."""
+        return (self.g.oh - 1) * self.wq + self.g.ow if self.flat else self.g.ow
 
     @property
-    def wq(self) -> int:
-        """Columns of one stride phase of a packed input row."""
-        return -(-(self.g.w + self.g.pl + self.g.pr) // self.g.sw)
-
-    @property
-    def hp(self) -> int:
-        return self.g.h + self.g.pt + self.g.pb
-
-    @property
-    def row_stride(self) -> int:
-        return self.out_w if self.flat else self.g.sw * self.wq
+    def segmented(self) -> bool:
+        """A flat vector may span output rows: it is stored in pieces that skip the padding columns."""
+        return self.flat and self.wq != self.g.ow
 
     @property
     def plane(self) -> int:
         """Floats per input channel plane as the micro-kernel reads it."""
-        return self.g.h * self.g.w if self.flat else self.hp * self.row_stride
+        return self.g.sh * self.g.sw * self.hq * self.wq
+
+    def tap(self, kh: int, kw: int) -> int:
+        """Offset of window tap (kh, kw) in a packed plane, relative to its output position."""
+        g = self.g
+        y, x = kh * g.dh, kw * g.dw
+        return ((y % g.sh * g.sw + x % g.sw) * self.hq + y // g.sh) * self.wq + x // g.sw
 
     @property
     def workspace(self) -> int:
-        """Floats of the packed-input buffer (0 when X is read in place); the slack after the last
-        plane is read (and masked off) by the rows of an edge row tile."""
-        if self.flat:
+        """Floats of the packed-input buffer (0 when X is read in place), with the slack that the
+        masked-off rows and grid columns of the last plane's edge tiles read past its end."""
+        if self.gemm:
             return 0
-        return self.g.n * self.g.c * self.plane + self.rh * self.g.sh * self.row_stride
+        g = self.g
+        rows = -(-self.out_h // self.rh) * self.rh
+        end = max(self.tap(i, j) for i in range(g.kh) for j in range(g.kw)) + (rows - 1) * self.wq + self.out_w
+        return g.n * g.c * self.plane + max(0, end - self.plane)
 
     @property
     def shared(self) -> bool:
@@ -107,7 +131,7 @@ class Plan:
     def pack_in_item(self) -> bool:
         """Each parallel item owns whole groups (depthwise, grouped convs split by channel blocks), so it
         packs its own input planes right before using them: no separate pack phase, and they are hot."""
-        return not self.flat and self.par == "oc" and self.g.groups > 1 and (self.ocn * self.mr) % self.g.ocg == 0
+        return not self.gemm and self.par == "oc" and self.g.groups > 1 and (self.ocn * self.mr) % self.g.ocg == 0
 
     @property
     def tiles(self) -> int:
@@ -133,7 +157,7 @@ def build(mod: ir.Module, p: Plan, ops: tuple[EpilogueOp, ...], threads: int) ->
     from stages.codegen.parallel import emit_main
 
     n_epi = len(epilogue.operands(ops))
-    pack = None if p.flat else _emit_pack(mod, p, ws_slot=2 + n_epi)
+    pack = None if p.gemm else _emit_pack(mod, p, ws_slot=2 + n_epi)
     conv = _Conv(p, ops, n_epi).emit(mod, pack if p.pack_in_item else None)
     phases = [emit_main(mod, conv, p.g.n * _outer(p), threads, name="tf_conv")]
     if pack is not None and not p.pack_in_item:
@@ -162,9 +186,11 @@ def _loop(b: ir.IRBuilder, start: ir.Value, stop: ir.Value, step: int = 1, name:
 
 
 def _outer(p: Plan) -> int:
-    """Parallel items per image: blocks of `ocn` channel tiles, or row tiles."""
+    """Parallel items per image: blocks of `ocn` channel tiles, or row tiles (column tiles when flat)."""
     if p.par == "oc":
         return -(-p.tiles // p.ocn)
+    if p.flat:
+        return -(-p.out_w // (p.nw * p.vw))
     return -(-p.out_h // p.rh)
 
 
@@ -180,7 +206,7 @@ def _range_fn(mod: ir.Module, name: str) -> tuple[ir.Function, ir.IRBuilder]:
 
 
 def _emit_pack(mod: ir.Module, p: Plan, ws_slot: int) -> ir.Function:
-    """Planes [begin, end) of X → zero-padded, stride-phase-split planes of the workspace."""
+    """Planes [begin, end) of X → zero-padded planes of the workspace, split into stride phases."""
     g = p.g
     fn, b = _range_fn(mod, "tf_pack_range")
     x, ws = (b.load(b.gep(b.bitcast(fn.args[0], F32P.as_pointer()), [i64(i)])) for i in (0, ws_slot))
@@ -190,22 +216,39 @@ def _emit_pack(mod: ir.Module, p: Plan, ws_slot: int) -> ir.Function:
         with for_range(b, lo, hi, name=name) as q:
             b.store(zero, gep(b, base, q))
 
+    def row(dst: ir.Value, padded_row: ir.Value, cph: int) -> ir.Value:
+        """Start of one padded row's column phase `cph` in the plane at `dst`."""
+        rph, r = (b.urem(padded_row, i64(g.sh)), b.udiv(padded_row, i64(g.sh))) if g.sh > 1 else (i64(0), padded_row)
+        return gep(b, dst, mul(b, add(b, mul(b, add(b, mul(b, rph, i64(g.sw)), i64(cph)), i64(p.hq)), r), i64(p.wq)))
+
     with _loop(b, fn.args[1], fn.args[2], name="plane") as pl:
         src = gep(b, x, mul(b, pl, i64(g.h * g.w)))
         dst = gep(b, ws, mul(b, pl, i64(p.plane)))
-        zero_fill(dst, i64(0), i64(g.pt * p.row_stride), "ztop")
-        zero_fill(dst, i64((g.pt + g.h) * p.row_stride), i64(p.plane), "zbot")
+        for lo, hi in ((0, g.pt), (g.pt + g.h, p.hq * g.sh)):
+            if hi > lo:
+                with _loop(b, i64(lo), i64(hi), name="zrow") as r:
+                    for cph in range(g.sw):
+                        zero_fill(row(dst, r, cph), i64(0), i64(p.wq), "z")
         with _loop(b, i64(0), i64(g.h), name="row") as r:
             srow = gep(b, src, mul(b, r, i64(g.w)))
-            drow = gep(b, dst, mul(b, add(b, r, i64(g.pt)), i64(p.row_stride)))
-            for ph in range(g.sw):
-                lo = min(p.wq, max(0, -(-(g.pl - ph) // g.sw)))
-                hi = max(lo, min(p.wq, -(-(g.w + g.pl - ph) // g.sw)))
-                dph = gep(b, drow, i64(ph * p.wq))
+            for cph in range(g.sw):
+                lo = min(p.wq, max(0, -(-(g.pl - cph) // g.sw)))
+                hi = max(lo, min(p.wq, -(-(g.w + g.pl - cph) // g.sw)))
+                dph = row(dst, add(b, r, i64(g.pt)), cph)
                 zero_fill(dph, i64(0), i64(lo), "zl")
-                copy = for_range if g.sw == 1 else _loop  # unit stride becomes a memcpy; strided stays scalar
-                with copy(b, i64(lo), i64(hi), name="cp") as q:
-                    col = add(b, mul(b, q, i64(g.sw)), i64(ph - g.pl))
+                mid = lo if g.sw == 1 else lo + (hi - lo) // PACK_LANES * PACK_LANES  # unit stride: a memcpy
+                if mid > lo:  # strided: a masked load of sw*8 floats, every sw-th lane kept
+                    with _loop(b, i64(lo), i64(mid), step=PACK_LANES, name="cpv") as q:
+                        col = add(b, mul(b, q, i64(g.sw)), i64(cph - g.pl))
+                        wide = load_vec(b, gep(b, srow, col), g.sw * PACK_LANES,
+                                        ir.Constant(ir.VectorType(I1, g.sw * PACK_LANES),
+                                                    [i % g.sw == 0 for i in range(g.sw * PACK_LANES)]))
+                        picked = b.shuffle_vector(wide, ir.Constant(wide.type, None),
+                                                  ir.Constant(ir.VectorType(ir.IntType(32), PACK_LANES),
+                                                              [i * g.sw for i in range(PACK_LANES)]))
+                        store_vec(b, picked, gep(b, dph, q))
+                with for_range(b, i64(mid), i64(hi), name="cp") as q:
+                    col = add(b, mul(b, q, i64(g.sw)), i64(cph - g.pl))
                     b.store(b.load(gep(b, srow, col)), gep(b, dph, q))
                 zero_fill(dph, i64(hi), i64(p.wq), "zr")
     b.ret_void()
@@ -225,8 +268,8 @@ class _Conv:
         """`tf_conv_range(args, begin, end)`; with `pack`, each item first packs the planes it reads."""
         p, g = self.p, self.p.g
         fn, b = _range_fn(mod, "tf_conv_range")
-        ptrs = _args(b, fn, 3 + self.n_epi + (0 if p.flat else 1))
-        x = ptrs[0] if p.flat else ptrs[-2]
+        ptrs = _args(b, fn, 3 + self.n_epi + (0 if p.gemm else 1))
+        x = ptrs[0] if p.gemm else ptrs[-2]
         self.b, self.x, self.w, self.epi, self.y = b, x, ptrs[1], ptrs[2:2 + self.n_epi], ptrs[-1]
         outer = _outer(p)
         with _loop(b, fn.args[1], fn.args[2], name="item") as item:
@@ -246,15 +289,19 @@ class _Conv:
             else:
                 with _loop(b, i64(0), i64(-(-p.tiles // p.ocn)), name="ob") as ob:
                     with _loop(b, i64(0), i64(p.ic_blocks), name="icb") as kb:
-                        self._w_loop(n, ob, kb, o)
+                        if p.flat:
+                            self._w_loop(n, ob, kb, i64(0), (o, add(b, o, i64(1))))
+                        else:
+                            self._w_loop(n, ob, kb, o)
         b.ret_void()
         return fn
 
-    def _w_loop(self, n: ir.Value, ob: ir.Value, kb: ir.Value, ht: ir.Value) -> None:
+    def _w_loop(self, n: ir.Value, ob: ir.Value, kb: ir.Value, ht: ir.Value,
+                wts: tuple[ir.Value, ir.Value] | None = None) -> None:
         p, b = self.p, self.b
         t0 = mul(b, ob, i64(p.ocn))
         t1 = smin(b, add(b, t0, i64(p.ocn)), i64(p.tiles))
-        with _loop(b, i64(0), i64(self.w_tiles), name="wt") as wt:
+        with _loop(b, *(wts or (i64(0), i64(self.w_tiles))), name="wt") as wt:
             with _loop(b, t0, t1, name="t") as t:
                 self._dispatch(n, t, kb, ht, wt)
 
@@ -275,11 +322,15 @@ class _Conv:
         ch = add(b, mul(b, n, i64(g.c)), add(b, mul(b, grp, i64(g.icg)), mul(b, kb, i64(p.icb))))
         oh0 = mul(b, ht, i64(p.rh))
         ow0 = mul(b, wt, i64(self.tile_w))
-        xoff = add(b, mul(b, ch, i64(p.plane)), add(b, mul(b, oh0, i64(g.sh * p.row_stride)), ow0))
+        xoff = add(b, mul(b, ch, i64(p.plane)), add(b, mul(b, oh0, i64(p.wq)), ow0))
         kb_off = mul(b, kb, i64(p.icb * g.kh * g.kw * p.mr))
         woff = add(b, mul(b, t, i64(p.panel)), kb_off)
-        yoff = add(b, mul(b, add(b, mul(b, n, i64(g.oc)), oc0), i64(p.out_h * p.out_w)),
-                   add(b, mul(b, oh0, i64(p.out_w)), ow0))
+        if p.segmented:  # the tile starts at grid column col0 of output row oh0
+            oh0, col0 = b.udiv(ow0, i64(p.wq)), b.urem(ow0, i64(p.wq))
+        else:
+            col0 = ow0
+        yoff = add(b, mul(b, add(b, mul(b, n, i64(g.oc)), oc0), i64(g.oh * g.ow)),
+                   add(b, mul(b, oh0, i64(g.ow)), col0))
         nc = smin(b, i64(p.icb), b.sub(i64(g.icg), mul(b, kb, i64(p.icb))))
         first = b.icmp_signed("==", kb, i64(0))
         last = b.icmp_signed("==", kb, i64(p.ic_blocks - 1))
@@ -287,7 +338,7 @@ class _Conv:
         if self._micro is None:
             self._micro = _Micro(self.p, self.ops, self.slots).emit(b.module)
         b.call(self._micro, [gep(b, self.x, xoff), gep(b, self.w, woff), gep(b, self.y, yoff), nc, first, last,
-                             vrows, vh, vcols, *epi])
+                             vrows, vh, vcols, col0, *epi])
 
 
 class _Micro:
@@ -305,14 +356,14 @@ class _Micro:
     def emit(self, mod: ir.Module) -> ir.Function:
         p = self.p
         n_epi = len(self.slots)
-        fnty = ir.FunctionType(ir.VoidType(), [F32P, F32P, F32P, I64, I1, I1, I64, I64, I64] + [F32P] * n_epi)
+        fnty = ir.FunctionType(ir.VoidType(), [F32P, F32P, F32P, I64, I1, I1, I64, I64, I64, I64] + [F32P] * n_epi)
         fn = ir.Function(mod, fnty, name="tf_micro")
         fn.linkage = "internal"
         for arg in fn.args[:3]:
             arg.add_attribute("noalias")
-        x, w, y, nc, first, last, vrows, vh, vcols, *epi = fn.args
+        x, w, y, nc, first, last, vrows, vh, vcols, col0, *epi = fn.args
         b = self.b = ir.IRBuilder(fn.append_basic_block("entry"))
-        self._masks(vrows, vh, vcols)
+        self._masks(vrows, vh, vcols, col0)
         vty = vec(p.vw)
         zero = ir.Constant(vty, [0.0] * p.vw)
         self.acc = {c: b.alloca(vty) for c in self.cells}
@@ -320,8 +371,7 @@ class _Micro:
             if p.ic_blocks == 1:
                 b.store(zero, self.acc[c])
             else:
-                old = load_vec(b, gep(b, y, self._yoff(*c)), p.vw, self.ymask[c])
-                b.store(b.select(first, zero, old), self.acc[c])
+                b.store(b.select(first, zero, self._load_y(y, *c)), self.acc[c])
         self._reduce(x, w, nc, vrows)
         if p.ic_blocks == 1:
             self._store(y, epi, vrows, True)
@@ -334,44 +384,69 @@ class _Micro:
         b.ret_void()
         return fn
 
-    def _masks(self, vrows: ir.Value, vh: ir.Value, vcols: ir.Value) -> None:
-        """Column masks of the tile's vectors, and per-cell store masks (channel and row edges too).
+    def _masks(self, vrows: ir.Value, vh: ir.Value, vcols: ir.Value, col0: ir.Value) -> None:
+        """Column masks of the tile's vectors, and the pieces each cell is stored in: (offset from Y's
+        tile start, store mask with channel and row edges too). A flat vector spanning output rows has
+        one piece per row, its lanes on padding columns in none.
 
         A mask is built from an integer bit pattern, so it lives in a mask register: built from a
         vector compare it would pin vector registers the tile needs for accumulators."""
-        p, b = self.p, self.b
+        p, g, b = self.p, self.p.g, self.b
         mty = ir.VectorType(I1, p.vw)
-        self.cmask = []
-        for j in range(p.nw):
-            left = b.sub(vcols, i64(j * p.vw))
-            valid = smin(b, i64(p.vw), b.select(b.icmp_signed("<", left, i64(0)), i64(0), left))
-            bits = b.sub(b.shl(i64(1), valid), i64(1))
-            self.cmask.append(b.bitcast(b.trunc(bits, ir.IntType(p.vw)), mty))
+
+        def bits_below(n: ir.Value) -> ir.Value:
+            """Lanes [0, n) with n clamped to [0, vw]."""
+            n = smin(b, i64(p.vw), b.select(b.icmp_signed("<", n, i64(0)), i64(0), n))
+            return b.sub(b.shl(i64(1), n), i64(1))
+
+        def as_mask(bits: ir.Value) -> ir.Value:
+            return b.bitcast(b.trunc(bits, ir.IntType(p.vw)), mty)
+
+        col_bits = [bits_below(b.sub(vcols, i64(j * p.vw))) for j in range(p.nw)]
+        self.cmask = [as_mask(bits) for bits in col_bits]
+        pieces: dict[tuple[int, int], list[tuple[ir.Value, ir.Value]]] = {}
+        for r in range(p.rh):
+            for j in range(p.nw):
+                if not p.segmented:
+                    pieces[r, j] = [(i64(r * g.ow + j * p.vw), self.cmask[j])]
+                    continue
+                pos = add(b, col0, i64(j * p.vw))
+                row, col = b.udiv(pos, i64(p.wq)), b.urem(pos, i64(p.wq))
+                start = b.sub(add(b, mul(b, row, i64(g.ow)), col), col0)
+                pieces[r, j] = []
+                for k in range(1 + (p.wq + p.vw - 2) // p.wq):
+                    lo = b.sub(i64(k * p.wq), col)
+                    lanes = b.and_(col_bits[j], b.xor(bits_below(add(b, lo, i64(g.ow))), bits_below(lo)))
+                    pieces[r, j].append((add(b, start, i64(k * (g.ow - p.wq))), as_mask(lanes)))
         none = ir.Constant(mty, [0] * p.vw)
-        self.ymask = {}
+        self.pieces = {}
         for m, r, j in self.cells:
             ok = b.and_(b.icmp_signed("<", i64(m), vrows), b.icmp_signed("<", i64(r), vh))
-            self.ymask[m, r, j] = b.select(ok, self.cmask[j], none)
+            self.pieces[m, r, j] = [(add(b, off, i64(m * g.oh * g.ow)), b.select(ok, mask, none))
+                                    for off, mask in pieces[r, j]]
 
-    def _yoff(self, m: int, r: int, j: int) -> ir.Value:
-        p = self.p
-        return i64(m * p.out_h * p.out_w + r * p.out_w + j * p.vw)
+    def _load_y(self, ptr: ir.Value, m: int, r: int, j: int) -> ir.Value:
+        """One cell's vector of a Y-shaped tensor, gathered from its pieces (zeros elsewhere)."""
+        v = None
+        for off, mask in self.pieces[m, r, j]:
+            piece = load_vec(self.b, self.b.gep(ptr, [off]), self.p.vw, mask)
+            v = piece if v is None else self.b.select(mask, piece, v)
+        return v
 
     def _store(self, y: ir.Value, epi: list[ir.Value], vrows: ir.Value, final: bool) -> None:
         p, b = self.p, self.b
         for (m, r, j), slot in self.acc.items():
             v = b.load(slot)
-            off = self._yoff(m, r, j)
-            mask = self.ymask[m, r, j]
             if final and self.ops:
                 row = smin(b, i64(m), b.sub(vrows, i64(1)))
 
-                def load(k: int, off=off, mask=mask, row=row) -> ir.Value:
+                def load(k: int, cell=(m, r, j), row=row) -> ir.Value:
                     if self.slots[k].per_channel:
                         return splat(b, b.load(gep(b, epi[k], row)), p.vw)
-                    return load_vec(b, gep(b, epi[k], off), p.vw, mask)
+                    return self._load_y(epi[k], *cell)
                 v = epilogue.emit(b, self.ops, v, load)
-            store_vec(b, v, gep(b, y, off), mask)
+            for off, mask in self.pieces[m, r, j]:
+                store_vec(b, v, b.gep(y, [off]), mask)
 
     def _reduce(self, x: ir.Value, w: ir.Value, nc: ir.Value, vrows: ir.Value) -> None:
         p, g, b = self.p, self.p.g, self.b
@@ -417,12 +492,7 @@ class _Micro:
     def _step(self, x: ir.Value, w: ir.Value, c: ir.Value, kh: ir.Value, kw: ir.Value) -> None:
         """One (channel, tap): broadcast `mr` weights, load the input vectors, FMA into the tile."""
         p, g, b = self.p, self.p.g, self.b
-        kwd = mul(b, kw, i64(g.dw))
-        if g.sw == 1:
-            col = kwd
-        else:
-            col = add(b, mul(b, b.urem(kwd, i64(g.sw)), i64(p.wq)), b.udiv(kwd, i64(g.sw)))
-        xoff = add(b, add(b, mul(b, c, i64(p.plane)), mul(b, kh, i64(g.dh * p.row_stride))), col)
+        xoff = add(b, mul(b, c, i64(p.plane)), self._tap(kh, kw))
         tap = add(b, mul(b, kh, i64(g.kw)), kw)
         if p.order == "chw":
             woff = mul(b, add(b, mul(b, c, i64(g.kh * g.kw)), tap), i64(p.mr))
@@ -432,7 +502,7 @@ class _Micro:
         for s, set_off in enumerate(self.sets):
             for r in range(p.rh):
                 for j in range(p.nw):
-                    off = add(b, add(b, xoff, set_off), i64(r * g.sh * p.row_stride + j * p.vw))
+                    off = add(b, add(b, xoff, set_off), i64(r * p.wq + j * p.vw))
                     xv[s, r, j] = load_vec(b, gep(b, x, off), p.vw, self.cmask[j])
         for m in range(p.mr):
             wv = splat(b, b.load(gep(b, w, add(b, woff, i64(m)))), p.vw)
@@ -441,3 +511,14 @@ class _Micro:
                 for j in range(p.nw):
                     cell = self.acc[m, r, j]
                     b.store(fma(b, wv, xv[s, r, j], b.load(cell)), cell)
+
+    def _tap(self, kh: ir.Value, kw: ir.Value) -> ir.Value:
+        """`Plan.tap` for window indices that may be loop variables."""
+        p, g, b = self.p, self.p.g, self.b
+
+        def split(v: ir.Value, stride: int) -> tuple[ir.Value, ir.Value]:
+            return (b.urem(v, i64(stride)), b.udiv(v, i64(stride))) if stride > 1 else (i64(0), v)
+
+        (ry, y), (rx, x) = split(mul(b, kh, i64(g.dh)), g.sh), split(mul(b, kw, i64(g.dw)), g.sw)
+        phase = add(b, mul(b, add(b, mul(b, ry, i64(g.sw)), rx), i64(p.hq)), y)
+        return add(b, mul(b, phase, i64(p.wq)), x)
