@@ -132,6 +132,20 @@ def test_flat_grid_tiles_store_around_the_padding_columns(stride, icb, par, thre
     assert_matches(task, run(task, knobs, inputs, threads), conv2d.reference(task, inputs))
 
 
+@pytest.mark.parametrize("vw,mr,rh,flat,stride",
+                         [(8, 16, 1, 1, 1), (16, 16, 1, 0, 2), (8, 8, 2, 0, 1), (4, 8, 1, 1, 2)])
+def test_channel_vector_tiles_are_transposed_into_the_output(vw, mr, rh, flat, stride):
+    task = conv2d.conv2d_task((1, 6, 12, 19), (21, 6, 3, 3), (stride, stride), (1, 1, 0, 2), (1, 1), 1,
+                              parse_epilogue("bias,residual_add,relu"))
+    knobs = {**conv2d.default_config(task, HOST).knobs, "axis": "oc", "vw": vw, "mr": mr, "rh": rh, "nw": 1,
+             "flat": flat, "icb": 8, "ocn": 1}
+    assert conv2d.space(task, HOST).reason(knobs) is None
+    inputs = conv2d.make_inputs(task)
+    assert_matches(task, run(task, knobs, inputs, 2), conv2d.reference(task, inputs))
+    assert "whole reduction" in conv2d.space(task, HOST).reason({**knobs, "icb": 4})
+    assert "multiple of vw" in conv2d.space(task, HOST).reason({**knobs, "mr": 10})
+
+
 def test_narrow_layers_default_to_the_flat_grid():
     def flat(x, w, s):
         return conv2d.default_config(conv2d.conv2d_task(x, w, (s, s), (1, 1, 1, 1)), HOST).knobs["flat"]

@@ -22,10 +22,10 @@ from stages.templates.conv2d_shape import reference as _reference
 from stages.templates.space import ConfigSpace, Knob, Knobs
 
 NAME = "conv2d"
-VERSION = 2  # 2: input packed in 2-D stride phases, knob `flat`
+VERSION = 3  # 2: input packed in 2-D stride phases, knob `flat`; 3: knob `axis`
 
 VW = (4, 8, 16)
-MR = (1, 2, 3, 4, 5, 6, 7, 8, 10, 12, 14, 16)
+MR = (1, 2, 3, 4, 5, 6, 7, 8, 10, 12, 14, 16, 24)
 NW = (1, 2, 3, 4, 5, 6, 7)
 RH = (1, 2, 3, 4)
 ICB = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)
@@ -35,6 +35,7 @@ UK = (1, 2, 3, 4)
 OCN = (1, 2, 4, 8, 16, 32, 64)
 PAR = ("oc", "oh")
 FLAT = (0, 1)  # 1: tiles run along the flattened grid of output rows `wq` apart (narrow layers)
+AXIS = ("w", "oc")  # what the vector lanes hold: output columns, or output channels (pixels broadcast)
 
 MAX_UNROLLED_FMAS = 512  # keeps a candidate's compile time down
 PAR_ITEMS = 8  # the default keeps at least this many channel blocks when it can
@@ -60,7 +61,8 @@ def task_from_cli(opts: dict) -> TuningTask:
 def plan(task: TuningTask, knobs: Knobs) -> Plan:
     c = knobs
     return Plan(geom(task), int(c["vw"]), int(c["mr"]), int(c["nw"]), int(c["rh"]), int(c["icb"]), str(c["order"]),
-                int(c["unroll"]), int(c["uk"]), int(c["ocn"]), str(c["par"]), int(c["flat"]))
+                int(c["unroll"]), int(c["uk"]), int(c["ocn"]), str(c["par"]), int(c["flat"]),
+                str(c["axis"]))
 
 
 def space(task: TuningTask, target: Target) -> ConfigSpace:
@@ -72,8 +74,16 @@ def space(task: TuningTask, target: Target) -> ConfigSpace:
         nv = p.rh * p.nw
         if p.vw > lanes:
             return f"vw={p.vw} exceeds the target's {lanes} float lanes"
-        if p.mr * nv + nv + 1 > regs:
-            return f"a {p.mr}x{p.rh}x{p.nw} tile needs {p.mr * nv + nv + 1} vector registers, target has {regs}"
+        need = p.mr * nv + (p.mr // p.vw if p.oc_vectors else nv) + 1
+        if need > regs:
+            return f"a {p.mr}x{p.rh}x{p.nw} tile needs {need} vector registers, target has {regs}"
+        if p.oc_vectors:
+            if p.mr % p.vw:
+                return f"channel vectors need mr={p.mr} to be a multiple of vw={p.vw}"
+            if p.gemm or not p.shared:
+                return "channel vectors need a packed input shared by the tile's channels"
+            if p.ic_blocks > 1:
+                return f"channel vectors keep the whole reduction in registers: icb={p.icb} < {g.icg} channels"
         if (p.nw - 1) * p.vw >= p.out_w:
             return f"nw={p.nw} vectors of {p.vw} leave a whole vector past the output width {p.out_w}"
         if p.flat and p.rh > 1:
@@ -101,7 +111,7 @@ def space(task: TuningTask, target: Target) -> ConfigSpace:
 
     knobs = (Knob("vw", VW), Knob("mr", MR), Knob("nw", NW), Knob("rh", RH), Knob("icb", ICB),
              Knob("order", ORDER), Knob("unroll", UNROLL), Knob("uk", UK), Knob("ocn", OCN), Knob("par", PAR),
-             Knob("flat", FLAT))
+             Knob("flat", FLAT), Knob("axis", AXIS))
     return ConfigSpace(knobs=knobs, rule=rule)
 
 
@@ -118,7 +128,7 @@ def default_config(task: TuningTask, target: Target) -> Config:
     best: tuple | None = None
     for flat in FLAT:
         p = plan(task, {"vw": lanes, "mr": 1, "nw": 1, "rh": 1, "icb": 1, "order": "chw", "unroll": 0, "uk": 1,
-                        "ocn": 1, "par": "oc", "flat": flat})
+                        "ocn": 1, "par": "oc", "flat": flat, "axis": "w"})
         out_h, out_w = p.out_h, p.out_w
         for vw in (v for v in VW if v in (lanes, lanes // 2)):
             for nw in (n for n in NW if (n - 1) * vw < out_w):
@@ -149,7 +159,7 @@ def default_config(task: TuningTask, target: Target) -> Config:
         ocn = min(c for c in OCN if (c * mr) % g.ocg == 0 or c >= tiles)
         par = "oc"
     knobs: Knobs = {"vw": vw, "mr": mr, "nw": nw, "rh": rh, "icb": icb, "order": "chw", "unroll": 1, "uk": 1,
-                    "ocn": ocn, "par": par, "flat": flat}
+                    "ocn": ocn, "par": par, "flat": flat, "axis": "w"}
     for unroll, uk in ((1, 1), (2, 1), (0, 1), (0, 2), (0, 4)):
         knobs.update(unroll=unroll, uk=uk)
         if sp.reason(knobs) is None:

@@ -65,6 +65,13 @@ class Plan:
     ocn: int
     par: str
     flat_grid: int = 0
+    axis: str = "w"
+
+    @property
+    def oc_vectors(self) -> bool:
+        """Vectors of `vw` output channels FMA broadcast input pixels; the tile is transposed into
+        pixel vectors before the epilogue and the stores."""
+        return self.axis == "oc"
 
     @property
     def gemm(self) -> bool:
@@ -119,7 +126,8 @@ class Plan:
             return 0
         g = self.g
         rows = -(-self.out_h // self.rh) * self.rh
-        end = max(self.tap(i, j) for i in range(g.kh) for j in range(g.kw)) + (rows - 1) * self.wq + self.out_w
+        cols = -(-self.out_w // (self.nw * self.vw)) * self.nw * self.vw  # pixel broadcasts are not masked
+        end = max(self.tap(i, j) for i in range(g.kh) for j in range(g.kw)) + (rows - 1) * self.wq + cols
         return g.n * g.c * self.plane + max(0, end - self.plane)
 
     @property
@@ -372,7 +380,14 @@ class _Micro:
                 b.store(zero, self.acc[c])
             else:
                 b.store(b.select(first, zero, self._load_y(y, *c)), self.acc[c])
+        if p.oc_vectors:
+            self.oacc = {(o, r, j, q): b.alloca(vty) for o in range(p.mr // p.vw) for r in range(p.rh)
+                         for j in range(p.nw) for q in range(p.vw)}
+            for slot in self.oacc.values():
+                b.store(zero, slot)
         self._reduce(x, w, nc, vrows)
+        if p.oc_vectors:
+            self._transpose()
         if p.ic_blocks == 1:
             self._store(y, epi, vrows, True)
         else:
@@ -498,6 +513,9 @@ class _Micro:
             woff = mul(b, add(b, mul(b, c, i64(g.kh * g.kw)), tap), i64(p.mr))
         else:
             woff = mul(b, add(b, mul(b, tap, i64(p.icb)), c), i64(p.mr))
+        if p.oc_vectors:
+            self._oc_step(x, w, xoff, woff)
+            return
         xv = {}
         for s, set_off in enumerate(self.sets):
             for r in range(p.rh):
@@ -522,3 +540,36 @@ class _Micro:
         (ry, y), (rx, x) = split(mul(b, kh, i64(g.dh)), g.sh), split(mul(b, kw, i64(g.dw)), g.sw)
         phase = add(b, mul(b, add(b, mul(b, ry, i64(g.sw)), rx), i64(p.hq)), y)
         return add(b, mul(b, phase, i64(p.wq)), x)
+
+    def _oc_step(self, x: ir.Value, w: ir.Value, xoff: ir.Value, woff: ir.Value) -> None:
+        """`mr/vw` weight vectors x each pixel of the tile broadcast (channels along the lanes)."""
+        p, b = self.p, self.b
+        wv = [load_vec(b, gep(b, w, add(b, woff, i64(o * p.vw))), p.vw) for o in range(p.mr // p.vw)]
+        for r in range(p.rh):
+            for j in range(p.nw):
+                for q in range(p.vw):
+                    px = splat(b, b.load(gep(b, x, add(b, xoff, i64(r * p.wq + j * p.vw + q)))), p.vw)
+                    for o, wo in enumerate(wv):
+                        cell = self.oacc[o, r, j, q]
+                        b.store(fma(b, wo, px, b.load(cell)), cell)
+
+    def _transpose(self) -> None:
+        """Each `vw x vw` block (pixel vectors of channels → channel vectors of pixels) by swapping
+        off-diagonal sub-blocks of halving size: vw*log2(vw) two-source shuffles."""
+        p, b = self.p, self.b
+        for o in range(p.mr // p.vw):
+            for r in range(p.rh):
+                for j in range(p.nw):
+                    rows = [b.load(self.oacc[o, r, j, q]) for q in range(p.vw)]
+                    size = p.vw // 2
+                    while size:
+                        for i in (i for i in range(p.vw) if not i & size):
+                            lo = [q if not q & size else q - size + p.vw for q in range(p.vw)]
+                            hi = [q + size if not q & size else q + p.vw for q in range(p.vw)]
+                            rows[i], rows[i + size] = (
+                                b.shuffle_vector(rows[i], rows[i + size],
+                                                 ir.Constant(ir.VectorType(ir.IntType(32), p.vw), idx))
+                                for idx in (lo, hi))
+                        size //= 2
+                    for m in range(p.vw):
+                        b.store(rows[m], self.acc[o * p.vw + m, r, j])
