@@ -2,36 +2,39 @@
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
+from collections.abc import Iterator
 
 from stages.runtime.quiet import settle
 
 
-def _spin(stop: threading.Event, until: float) -> None:
-    while not stop.is_set() and time.perf_counter() < until:
-        pass
+@contextlib.contextmanager
+def spinning(seconds: float) -> Iterator[None]:
+    """A thread busy-waiting for `seconds` (or until the block ends)."""
+    stop, until = threading.Event(), time.perf_counter() + seconds
 
+    def spin() -> None:
+        while not stop.is_set() and time.perf_counter() < until:
+            pass
 
-def test_settle_waits_for_a_spinning_thread_to_stop():
-    stop = threading.Event()
-    spinner = threading.Thread(target=_spin, args=(stop, time.perf_counter() + 0.4))
+    spinner = threading.Thread(target=spin)
     spinner.start()
     try:
-        waited = settle(max_s=5.0)
+        yield
     finally:
         stop.set()
         spinner.join()
+
+
+def test_settle_waits_for_a_spinning_thread_to_stop():
+    with spinning(0.4):
+        waited = settle(max_s=5.0)
     assert waited >= 0.35
 
 
 def test_settle_gives_up_after_max_s():
-    stop = threading.Event()
-    spinner = threading.Thread(target=_spin, args=(stop, time.perf_counter() + 60))
-    spinner.start()
-    try:
+    with spinning(60):
         waited = settle(max_s=0.3)
-    finally:
-        stop.set()
-        spinner.join()
     assert 0.3 <= waited < 1.0
