@@ -3,15 +3,17 @@
 Vectors run along the output width (so activations stay NCHW and the output is stored as it is,
 no layout transform): a register tile holds `mr` output channels x `rh` output rows x `nw`
 vectors of `vw` output columns. Each reduction step broadcasts `mr` weights and loads `rh*nw`
-input vectors, like a GEMM micro-kernel whose A panel is the packed weights.
+input vectors, like a GEMM micro-kernel whose A panel is the packed weights. With `axis=oc` the
+lanes hold output channels instead (weight vectors, input pixels broadcast, as NCHWc kernels do)
+and each `vw x vw` block is transposed in registers before the epilogue, so Y stays NCHW.
 
 The pack phase writes the zero-padded input split into stride phases along both axes,
 `Xp[n][c][rph][cph][r][q] = Xpad[n][c][r*sh + rph][q*sw + cph]`, so every window tap reads the
 same `oh*wq + ow` grid at a constant offset: a unit-stride vector for any stride and dilation.
 With `flat`, the tile runs along that grid as one axis (output rows `wq` apart, the `wq - ow`
 padding columns computed and never stored), so narrow layers (28 wide) fill whole vectors.
-A 1x1, stride-1, unpadded conv skips the pack and is flat with `wq == ow`: a GEMM over the
-flattened image (weights packed into panels, the image read in place).
+A 1x1, stride-1, unpadded conv skips the pack: its grid is the image itself (`wq == ow`), so
+flat it is a GEMM over the flattened image (weights packed into panels, the image read in place).
 Group convolutions tile the global output-channel axis: a tile inside one group shares its
 input vectors; a tile spanning whole groups (depthwise) loads each group's own input.
 """
@@ -80,7 +82,7 @@ class Plan:
 
     @property
     def flat(self) -> bool:
-        """The tile runs along the `oh*wq` grid as one axis (`rh` is 1); for a GEMM, the flattened image."""
+        """The tile runs along the `oh*wq` grid as one axis (`rh` is 1)."""
         return bool(self.flat_grid)
 
     @property
