@@ -146,13 +146,17 @@ def test_channel_vector_tiles_are_transposed_into_the_output(vw, mr, rh, flat, s
     assert "multiple of vw" in conv2d.space(task, HOST).reason({**knobs, "mr": 10})
 
 
-def test_narrow_layers_default_to_the_flat_grid():
-    def flat(x, w, s):
-        return conv2d.default_config(conv2d.conv2d_task(x, w, (s, s), (1, 1, 1, 1)), HOST).knobs["flat"]
+def test_defaults_pick_the_vector_axis_and_the_flat_grid():
+    def default(x, w, s=1, target=HOST):
+        return conv2d.default_config(conv2d.conv2d_task(x, w, (s, s), (1, 1, 1, 1)), target).knobs
 
-    assert flat((1, 128, 28, 28), (128, 128, 3, 3), 1) == 1  # 28 of 32 lanes in rows; 784 of 816 on the grid
-    assert flat((1, 128, 56, 56), (128, 128, 3, 3), 2) == 1
-    assert flat((1, 64, 56, 56), (64, 64, 3, 3), 1) == 0  # 56 columns fill 7 vectors exactly
+    for x, w, s in (((1, 64, 56, 56), (64, 64, 3, 3), 1), ((1, 128, 28, 28), (128, 128, 3, 3), 1),
+                    ((1, 128, 56, 56), (128, 128, 3, 3), 2)):  # 16 channels x 16 grid pixels, one channel block
+        assert {k: default(x, w, s)[k] for k in ("axis", "vw", "mr", "flat", "icb")} == \
+            {"axis": "oc", "vw": 16, "mr": 16, "flat": 1, "icb": x[1]}
+    assert default((1, 8, 28, 28), (64, 8, 3, 3))["flat"] == 1  # 28 of 32 lanes in rows; 784 of 840 on the grid
+    assert default((1, 8, 56, 56), (64, 8, 3, 3))["flat"] == 0  # 56 columns fill 7 vectors exactly
+    assert default((1, 64, 56, 56), (64, 64, 3, 3), target=preset("x86-64-avx2"))["axis"] == "w"
 
 
 def test_strided_input_is_packed_in_phases_of_both_axes():
