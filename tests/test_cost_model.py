@@ -79,6 +79,20 @@ def test_every_template_gets_finite_features(host, op, opts):
     assert task.op in FEATURES and x.shape[0] == len(values["mr"]) and np.isfinite(x).all()
 
 
+def test_conv_features_see_the_flat_grid_and_the_lane_axis(host):
+    from stages.cost_model.features import conv2d_features
+    from stages.templates import TEMPLATES
+
+    task = TEMPLATES["conv2d"].task_from_cli({"input": "1x16x28x28", "weight": "16x16x3x3", "pad": "1"})
+    base = {"vw": 16, "mr": 4, "nw": 1, "rh": 1, "icb": 16, "uk": 1, "ocn": 1, "unroll": 1, "order": "chw",
+            "par": "oc"}
+    f = conv2d_features(task, host, 1, knob_columns([{**base, "flat": 1, "axis": "oc"}, {**base, "flat": 0,
+                                                                                          "axis": "w"}]))
+    assert list(f["flat"]) == [1, 0] and list(f["axis_oc"]) == [1, 0]
+    # 28 x 30-wide grid (28 + 2 pad) in 16-lane tiles: 53 tiles = 848 lanes for 784 outputs
+    assert f["grid_waste"][0] == pytest.approx((848 - 784) / 784) and f["grid_waste"][1] == 0
+
+
 def test_gemm_features_read_shapes_from_the_output_and_flops(host):
     from stages.templates import TEMPLATES
 

@@ -89,8 +89,9 @@ def gemm_task_features(task: TuningTask, target: Target, threads: int, v: Column
 
 def conv2d_features(task: TuningTask, target: Target, threads: int, v: Columns) -> Columns:
     """Direct conv: `mr` output channels x `rh` rows x `nw` vectors of `vw` output columns per
-    register tile, input channels in blocks of `icb` (K unrolled by `uk`), the window loops
-    unrolled or not, `ocn` channel tiles per parallel chunk, threads over channels or rows."""
+    register tile (`flat`: along the packed grid; `axis=oc`: lanes on channels), input channels in
+    blocks of `icb` (K unrolled by `uk`), the window loops unrolled or not, `ocn` channel tiles per
+    parallel chunk, threads over channels or rows."""
     (_, c, _, _), (oc, icg, kh, kw) = task.inputs[0].shape, task.inputs[1].shape
     _, _, oh, ow = task.outputs[0].shape
     sh, sw = task.attrs.get("strides", (1, 1))
@@ -99,6 +100,10 @@ def conv2d_features(task: TuningTask, target: Target, threads: int, v: Columns) 
     rows = len(vw)
     par_oc = _knob(v, "par", "oc", rows) == "oc"
     hwc = _knob(v, "order", "chw", rows) == "hwc"
+    flat = _knob(v, "flat", 0, rows).astype(np.float64) == 1
+    axis_oc = _knob(v, "axis", "w", rows) == "oc"
+    pads = task.attrs.get("pads", (0, 0, 0, 0))
+    wq = -(-(task.inputs[0].shape[3] + pads[1] + pads[3]) // sw)  # the packed grid's row pitch
     cols = nw * vw
     icb_eff = np.minimum(icb, icg)
     oc_tiles = _cdiv(oc, mr)
@@ -112,6 +117,9 @@ def conv2d_features(task: TuningTask, target: Target, threads: int, v: Columns) 
     return {
         "vw": vw, "mr": mr, "nw": nw, "rh": rh, "icb": icb, "uk": uk, "ocn": ocn, "unroll": unroll,
         "par_oc": par_oc.astype(np.float64), "hwc": hwc.astype(np.float64),
+        "flat": flat.astype(np.float64), "axis_oc": axis_oc.astype(np.float64),
+        # a flat tile runs along the grid and computes its wq - ow padding columns too
+        "grid_waste": np.where(flat, (_cdiv(oh * wq, cols) * cols - oh * ow) / (oh * ow), 0.0),
         "tile_outputs": mr * rh * cols, "lane_use": vw / target.vector_lanes,
         "regs_use": vregs / target.vector_registers,
         "ow_waste": (_cdiv(ow, cols) * cols - ow) / ow, "oh_tail": (row_tiles * rh - oh) / oh,
