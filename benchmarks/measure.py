@@ -84,7 +84,13 @@ def contenders(runner: LocalRunner, target: Target, threads: int, n: int = 24, k
 def accuracy(target: Target, threads: int, rounds: int) -> list[dict]:
     rows = []
     opts = MeasureOptions(threads=threads)
+    cores = os.sched_getaffinity(0)
     with LocalRunner(opts) as runner:
+        runner.start()
+        if threads == 1:  # both sides on one core: the two vCPUs here differ by up to ~12% at times
+            pin = {min(cores)}
+            os.sched_setaffinity(0, pin)
+            os.sched_setaffinity(runner.pid, pin)
         configs = contenders(runner, target, threads)
         for config in configs:
             build = build_one(TASK, config, target, threads)
@@ -100,6 +106,7 @@ def accuracy(target: Target, threads: int, rounds: int) -> list[dict]:
             per_round = statistics.median(x / y for x, y in zip(runner_s, linked_s, strict=True))
             rows.append({"threads": threads, "config": config.short(), "runner_ms": r * 1e3, "library_ms": lib * 1e3,
                          "ratio": r / lib, "round_ratio": per_round, "spread": statistics.median(spreads)})
+    os.sched_setaffinity(0, cores)
     return rows
 
 
@@ -210,7 +217,8 @@ def main() -> None:
         f"### (a) Accuracy: runner vs the same object linked with `cc -shared`, ctypes loop ({a.rounds} interleaved "
         "rounds)", "",
         "Kernels a session would pick: the default and the 3 fastest of 24 random configs with full-width register "
-        "tiles (the part of the space tuners end in). Badly blocked configs "
+        "tiles (the part of the space tuners end in). At 1 thread the runner's worker and the library loop are "
+        "pinned to the same core (this VM's two vCPUs differ by up to ~12% at times). Badly blocked configs "
         "are left out: their time depends on where the arrays land in memory (one measured 13.3-17.5 ms across "
         "fresh allocations within a single process), which no runner can reproduce in another process.", "",
         "| threads | config | runner ms | library ms | ratio of medians | median per-round ratio | runner CV |",

@@ -55,6 +55,11 @@ class LocalRunner:
             raise RuntimeError(f"measurement worker did not start within {START_TIMEOUT_S:.0f} s")
         self._ready = True
 
+    @property
+    def pid(self) -> int | None:
+        """The measuring worker's process id (to pin it to a core, say), once started."""
+        return self._proc.pid if self._proc is not None else None
+
     def _kill(self) -> None:
         if self._proc is not None:
             self._proc.kill()
