@@ -78,9 +78,9 @@ def for_range(b: ir.IRBuilder, start: ir.Value, stop: ir.Value, step: int = 1,
         yield idx
 
 
-def _no_unroll(mod: ir.Module) -> ir.MDValue:
+def _loop_md(mod: ir.Module, hint: list) -> ir.MDValue:
     loop_id = mod.add_metadata([ir.MetaDataString(mod, f"tf.loop.{len(mod.metadata)}")])
-    loop_id.operands = (loop_id, mod.add_metadata([ir.MetaDataString(mod, "llvm.loop.unroll.disable")]))
+    loop_id.operands = (loop_id, mod.add_metadata(hint))
     return loop_id
 
 
@@ -160,7 +160,7 @@ def store_vec(b: ir.IRBuilder, value: ir.Value, ptr: ir.Value, valid: int | ir.V
 
 @contextmanager
 def loop_carry(b: ir.IRBuilder, start: ir.Value, stop: ir.Value, values: list[ir.Value], step: int = 1,
-               name: str = "i", unroll: bool = True) -> Iterator[ir.Value]:
+               name: str = "i", unroll: bool | int = True) -> Iterator[ir.Value]:
     """`for_range` carrying SSA values (e.g. accumulators) as phis instead of memory.
 
     The body replaces `values[i]` in place with the next iteration's values; after the loop,
@@ -188,7 +188,10 @@ def loop_carry(b: ir.IRBuilder, start: ir.Value, stop: ir.Value, values: list[ir
     for phi, v in zip(phis, values, strict=True):
         phi.add_incoming(v, b.block)
     latch = b.branch(header)
-    if not unroll:
-        latch.set_metadata("llvm.loop", _no_unroll(b.module))
+    if unroll is False:
+        latch.set_metadata("llvm.loop", _loop_md(b.module, [ir.MetaDataString(b.module, "llvm.loop.unroll.disable")]))
+    elif unroll is not True:
+        latch.set_metadata("llvm.loop", _loop_md(b.module, [ir.MetaDataString(b.module, "llvm.loop.unroll.count"),
+                                                            ir.Constant(I32, unroll)]))
     b.position_at_end(done)
     values[:] = phis

@@ -22,7 +22,7 @@ from stages.templates.gemm_schedule import default_gemm, gemm_space
 from stages.templates.space import ConfigSpace, Knobs
 
 NAME = "batch_matmul"
-VERSION = 2
+VERSION = 3  # 3: K unrolled by LLVM from loop metadata
 
 CLI_OPTIONS = ("b", "m", "n", "k", "epilogue")
 

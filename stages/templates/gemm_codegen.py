@@ -282,14 +282,10 @@ class _Gen:
                 for j in range(nv):
                     acc[i * nv + j] = fma(b, sv, bvec[j], acc[i * nv + j])
 
-        exact = s.kc % s.uk == 0 and g.k % s.uk == 0  # every K block is a multiple of uk: no remainder loop
-        main_end = kl if exact else b.mul(b.udiv(kl, i64(s.uk)), i64(s.uk))
-        with loop_carry(b, i64(0), main_end, accs, step=s.uk, name="k", unroll=False) as k0:
-            for u in range(s.uk):
-                step(add(b, k0, i64(u)), accs)
-        if not exact:
-            with loop_carry(b, main_end, kl, accs, name="kr", unroll=False) as kr:
-                step(kr, accs)
+        # K unrolled by `uk` through loop metadata: LLVM unrolls late (remainder included), so its
+        # earlier passes clean up one step instead of `uk` (a quarter less compile time, same code).
+        with loop_carry(b, i64(0), kl, accs, name="k", unroll=s.uk if s.uk > 1 else False) as k0:
+            step(k0, accs)
 
         def store() -> None:
             for i in range(mr):
