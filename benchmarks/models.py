@@ -48,9 +48,11 @@ def bench_model(name: str, threads: int, budget: int, logs: Path, target: Target
     tasks = [t for t in extract_tasks(graph) if tunable([t.task])[0]]
     log = logs / f"{name}-t{threads}"
     options = TuningOptions(n_trials=budget, batch_size=8, tuner="lgbm", measure=MeasureOptions(threads=threads))
+    before = len(TuningLog(log).records()) if log.exists() else 0
     start = time.perf_counter()
     tune_tasks([t.task for t in tasks], [t.weight for t in tasks], target, options, TuningLog(log), budget)
     tune_s = time.perf_counter() - start
+    new_records = len(TuningLog(log).records()) - before
     work = Path(tempfile.mkdtemp(prefix=f"tf-bench-{name}-"))
     default_m = build_library(graph, target, work / "default", threads)
     tuned_m = build_library(graph, target, work / "tuned", threads, log)
@@ -63,7 +65,8 @@ def bench_model(name: str, threads: int, budget: int, logs: Path, target: Target
     stats = compare({"default": lambda: default.run(**feeds), "tuned": lambda: tuned.run(**feeds),
                      "onnxruntime": lambda: ort(feeds)}, number=40, rounds=5)
     kinds = collections.Counter(op.kind for op in tuned_m.ops)
-    return {"model": name, "threads": threads, "budget": budget, "tune_s": tune_s, "tasks": len(tasks),
+    return {"model": name, "threads": threads, "budget": budget, "tune_s": tune_s, "new": new_records,
+            "tasks": len(tasks),
             "ms": {k: v["median_ms"] for k, v in stats.items()}, "ok": ok, "kinds": dict(kinds),
             "build_s": default_m.build_s}
 
@@ -85,14 +88,17 @@ def report(rows: list[dict], counts, failed, skipped, cnn_build_s: float | None,
     lines = [f"Command: `{command}`", "",
              f"Machine: {platform.machine()}, CPU `{Target.host().cpu}`, {Target.host().cores} cores. Budgets are "
              "global trial budgets over each model's tunable tasks (gradient task scheduler, lgbm tuner, batches of "
-             "8). Latency: median of 200 calls, the three contenders interleaved in 5 rounds; inputs batch 1.", "",
-             "| model | threads | trials | tune s | default ms | tuned ms | onnxruntime ms | tuned/ort | "
-             "default/tuned | matches ort | kernels |",
-             "|---|---|---|---|---|---|---|---|---|---|---|"]
+             "8); a resumed log (`--logs`) tunes only what its budget still allows, so `tune s` counts this run's "
+             "new records only. Latency: median of 200 calls, the three contenders interleaved in 5 rounds; inputs "
+             "batch 1.", "",
+             "| model | threads | trials | records new this run | tune s | default ms | tuned ms | onnxruntime ms | "
+             "tuned/ort | default/tuned | matches ort | kernels |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         ms = r["ms"]
         kinds = ", ".join(f"{n} {k}" for k, n in sorted(r["kinds"].items()))
-        lines.append(f"| {r['model']} | {r['threads']} | {r['budget']} | {r['tune_s']:.0f} | {ms['default']:.3f} | "
+        lines.append(f"| {r['model']} | {r['threads']} | {r['budget']} | {r['new']} | {r['tune_s']:.0f} | "
+                     f"{ms['default']:.3f} | "
                      f"{ms['tuned']:.3f} | {ms['onnxruntime']:.3f} | {ms['tuned'] / ms['onnxruntime']:.2f}x | "
                      f"{ms['default'] / ms['tuned']:.2f}x | {'yes' if r['ok'] else 'NO'} | {kinds} |")
     lines += ["", "Goals: tuned <= 1.0x onnxruntime on the CNN and the transformer block; tuned >= 1.5x faster than "
