@@ -49,8 +49,7 @@ COMMAND = "flock /tmp/bench.lock .venv/bin/python benchmarks/measure.py"
 def linked_loop_s(obj: bytes, args, tmp: Path, rounds: int, seconds: float = 0.1) -> list[float]:
     """Seconds per call of `tf_main` from a `cc -shared` library, called in a ctypes loop."""
     (tmp / "k.o").write_bytes(obj)
-    subprocess.run(["cc", "-shared", *runtime.CFLAGS, "-fvisibility=hidden", "-o", str(tmp / "k.so"), str(tmp / "k.o"),
-                    str(runtime.SOURCE)], check=True)
+    subprocess.run(runtime.link_command(runtime.compiler(), [str(tmp / "k.o")], str(tmp / "k.so")), check=True)
     fn = ctypes.CDLL(str(tmp / "k.so")).tf_main
     fn.argtypes, fn.restype = [ctypes.c_void_p], None
     ptrs = (ctypes.c_void_p * len(args))(*[a.ctypes.data for a in args])

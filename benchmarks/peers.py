@@ -107,8 +107,8 @@ def export_tunaflow(task, knobs: dict, target, threads: int, work: Path) -> None
 
     tpl = template_for(task)
     (work / "kernel.o").write_bytes(compile_ir(tpl.build_ir(task, knobs, target, threads), target).data)
-    subprocess.run([find_compiler(), "-shared", *runtime.CFLAGS, "-fvisibility=hidden", "-o", str(work / "lib.so"),
-                    str(work / "kernel.o"), str(runtime.SOURCE), "-lm"], check=True, capture_output=True, text=True)
+    subprocess.run(runtime.link_command(find_compiler(), [str(work / "kernel.o")], str(work / "lib.so")),
+                   check=True, capture_output=True, text=True)
     args = tpl.kernel_args(task, knobs, tpl.make_inputs(task, seed=0))
     np.savez(work / "args.npz", **{f"a{i}": a for i, a in enumerate(args)})
 

@@ -96,8 +96,7 @@ def test_a_library_keeps_the_runtime_to_itself(tmp_path):
     obj = tmp_path / "k.o"
     obj.write_bytes(_count_kernel(2))
     lib = tmp_path / "k.so"
-    subprocess.run([runtime.compiler(), "-shared", *runtime.CFLAGS, "-fvisibility=hidden", "-o", str(lib), str(obj),
-                    str(runtime.SOURCE)], check=True)
+    subprocess.run(runtime.link_command(runtime.compiler(), [str(obj)], str(lib)), check=True)
     so = ctypes.CDLL(str(lib))
     assert not hasattr(so, PARALLEL_FOR)
     out = np.zeros(EXTENT, np.float32)

@@ -333,8 +333,7 @@ def _link(compiler: str, objects: list[bytes], dest: Path) -> None:
             p.write_bytes(data)
             paths.append(str(p))
         tmp_out = Path(tmp) / LIBRARY
-        proc = subprocess.run([compiler, "-shared", *runtime.CFLAGS, "-fvisibility=hidden", "-o", str(tmp_out),
-                               *paths, str(runtime.SOURCE), "-lm"], capture_output=True, text=True)
+        proc = subprocess.run(runtime.link_command(compiler, paths, str(tmp_out)), capture_output=True, text=True)
         if proc.returncode != 0:
             raise BuildError(f"linking with {compiler} failed:\n{proc.stderr.strip()}")
         shutil.move(str(tmp_out), dest)

@@ -37,6 +37,12 @@ def compiler() -> str:
     return cc
 
 
+def link_command(compiler: str, objects: list[str], dest: str) -> list[str]:
+    """`cc -shared` argv linking kernel objects into `dest` with the runtime compiled in, hidden
+    (each library owns its pool, and its symbols cannot clash with another library's)."""
+    return [compiler, "-shared", *CFLAGS, "-fvisibility=hidden", "-o", dest, *objects, str(SOURCE), "-lm"]
+
+
 def shared_library() -> Path:
     """The runtime as a shared library, compiled on first use (atomically: parallel processes may race)."""
     digest = hashlib.sha256(SOURCE.read_bytes() + " ".join(CFLAGS).encode()).hexdigest()[:16]
