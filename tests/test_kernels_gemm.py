@@ -190,3 +190,21 @@ def test_default_runs_small_work_on_one_thread():
     assert matmul.default_config(matmul.task(512, 512, 512), HOST).knobs["par"] != "none"
     big_batch = batch_matmul.task((12, 128, 64), (12, 64, 128))
     assert batch_matmul.default_config(big_batch, HOST).knobs["par"] != "none"
+
+
+def test_k_is_unrolled_by_uk_in_the_machine_code():
+    """`uk` reaches LLVM as an unroll count: the FMAs of the K loop body multiply by it, and a K
+    that is not a multiple of uk still computes the right product."""
+    from stages.codegen.compile import assembly
+
+    task = matmul.task(100, 96, 70)
+    knobs = dict(matmul.default_config(task, HOST).knobs)
+    fmas = {}
+    for uk in (1, 4):
+        knobs["uk"] = uk
+        fmas[uk] = assembly(matmul.build_ir(task, knobs, HOST, 1), HOST).count("vfmadd")
+        inputs = matmul.make_inputs(task)
+        args = matmul.kernel_args(task, knobs, inputs)
+        LoadedKernel(compile_ir(matmul.build_ir(task, knobs, HOST, 1), HOST).data, HOST)(args)
+        np.testing.assert_allclose(args[-1], inputs[0] @ inputs[1], rtol=1e-4, atol=1e-4)
+    assert fmas[1] > 0 and fmas[4] >= 4 * fmas[1]
