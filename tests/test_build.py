@@ -110,6 +110,25 @@ def test_every_generated_op_matches_the_reference(tmp_path, host):
         np.testing.assert_allclose(got[name], want[name], rtol=1e-3, atol=1e-4, err_msg=name)
 
 
+POOLS = [("MaxPool", dict(kernel_shape=[3, 3], strides=[2, 2], pads=[1, 1, 1, 1])),
+         ("MaxPool", dict(kernel_shape=[2, 3], strides=[1, 2], pads=[0, 1, 1, 2], dilations=[2, 1], ceil_mode=1)),
+         ("AveragePool", dict(kernel_shape=[3, 3], strides=[2, 2], pads=[1, 1, 1, 1], count_include_pad=0)),
+         ("AveragePool", dict(kernel_shape=[5, 2], strides=[3, 1], pads=[2, 0, 1, 1], count_include_pad=1))]
+
+
+@pytest.mark.parametrize("op,attrs", POOLS)
+def test_pools_split_over_the_worker_pool_match_the_reference(tmp_path, host, op, attrs):
+    """Planes big enough to be split over two threads; borders, dilation, ceil mode and pad counting."""
+    g = _G(x=_const((2, 6, 64, 70)))
+    graph = g.graph([g.add(op, ["x"], **attrs)])
+    build_library(graph, host, tmp_path / "lib", threads=2)
+    assert b"tf_op0_range" in (tmp_path / "lib" / "model.so").read_bytes()  # the planes run on the pool
+    got = load(tmp_path / "lib").run(x=g.env["x"])
+    want = reference.run(graph, {"x": g.env["x"]})
+    for name in want:
+        np.testing.assert_allclose(got[name], want[name], rtol=1e-5, atol=1e-6, err_msg=name)
+
+
 def _mm_graph(m=16, n=24, k=32):
     g = _G(x=_const((m, k)))
     y = g.add("MatMul", ["x", g.const("w", _const((k, n)))], task=matmul_task(m, n, k))

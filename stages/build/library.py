@@ -166,7 +166,7 @@ def _lower(graph: Graph, module: ir.Module, choices: dict[str, Choice], target: 
             low.root[node.outputs[0]] = low.root.get(node.inputs[0], node.inputs[0])
             low.infos.append(OpInfo(node=node.name, op=node.op, kind="alias"))
         else:
-            ctx = OpCtx.open(module, graph, node, symbol)
+            ctx = OpCtx.open(module, graph, node, symbol, threads)
             try:
                 (generic_anchor if node.task is not None else OPS[node.op])(ctx)
             except (UnsupportedOp, ValueError) as exc:

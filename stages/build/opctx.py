@@ -7,12 +7,15 @@ to `slots`, and the library's `tf_run` fills slot k with where that value lives.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 import numpy as np
 from llvmlite import ir
 
-from stages.codegen.irb import F32, F32P, VOIDP, i64
+from stages.codegen.irb import F32, F32P, I64, VOIDP, for_range, i64, intrinsic
+from stages.codegen.parallel import PARALLEL_FOR
 from stages.graph.ir import Graph, Node
 
 
@@ -28,20 +31,43 @@ class OpCtx:
     b: ir.IRBuilder
     slots: list[str] = field(default_factory=list)
     new_constants: dict[str, np.ndarray] = field(default_factory=dict)
+    threads: int = 1
     _ptrs: dict[str, ir.Value] = field(default_factory=dict)
     _entry: ir.IRBuilder | None = None
+    _args: ir.Value | None = None
 
     @classmethod
-    def open(cls, module: ir.Module, graph: Graph, node: Node, symbol: str) -> OpCtx:
+    def open(cls, module: ir.Module, graph: Graph, node: Node, symbol: str, threads: int = 1) -> OpCtx:
         fn = ir.Function(module, ir.FunctionType(ir.VoidType(), [VOIDP.as_pointer()]), name=symbol)
         fn.linkage = "internal"
-        entry, body = fn.append_basic_block("entry"), fn.append_basic_block("body")
-        eb = ir.IRBuilder(entry)
-        eb.position_before(eb.branch(body))
-        return cls(graph, node, fn, ir.IRBuilder(body), _entry=eb)
+        b, eb = _entry_and_body(fn)
+        return cls(graph, node, fn, b, threads=threads, _entry=eb, _args=fn.args[0])
 
     def close(self) -> None:
         self.b.ret_void()
+
+    @contextmanager
+    def parallel(self, extent: int, min_items: int = 1) -> Iterator[ir.Value]:
+        """`for i in range(extent)` whose iterations are independent: with more than one thread and at
+        least `min_items` per thread, the range is split over the native worker pool (the body moves
+        into a range function, so the anchor kernels' threads also run the memory-bound ops)."""
+        threads = min(self.threads, extent // max(1, min_items))
+        if threads < 2:
+            with for_range(self.b, i64(0), i64(extent), name="par") as i:
+                yield i
+            return
+        module = self.fn.module
+        body = ir.Function(module, ir.FunctionType(ir.VoidType(), [VOIDP, I64, I64]), name=f"{self.fn.name}_range")
+        body.linkage = "internal"
+        outer = (self.b, self._entry, self._ptrs, self._args)
+        self.b, self._entry = _entry_and_body(body)
+        self._ptrs, self._args = {}, self._entry.bitcast(body.args[0], VOIDP.as_pointer())
+        with for_range(self.b, body.args[1], body.args[2], name="par") as i:
+            yield i
+        self.b.ret_void()
+        self.b, self._entry, self._ptrs, self._args = outer
+        pfor = intrinsic(module, PARALLEL_FOR, ir.VoidType(), [body.type, VOIDP, I64, I64])
+        self.b.call(pfor, [body, self.b.bitcast(self._args, VOIDP), i64(extent), i64(threads)])
 
     # shapes and attributes
     def shape(self, name: str) -> tuple[int, ...]:
@@ -75,15 +101,21 @@ class OpCtx:
         assert self._entry is not None
         return self._entry.alloca(F32)
 
+    def buffer(self, count: int) -> ir.Value:
+        """A float array of `count` elements on the stack of the function being emitted."""
+        assert self._entry is not None
+        return self._entry.alloca(F32, size=i64(count))
+
     # pointers
     def ptr(self, name: str) -> ir.Value:
-        if name not in self._ptrs:
+        if name not in self.slots:
             if name in self.graph.constants and self.graph.constants[name].dtype != np.float32:
                 raise self.unsupported(f"tensor {name!r} is {self.graph.constants[name].dtype}, kernels take float32")
-            assert self._entry is not None
-            slot = self._entry.load(self._entry.gep(self.fn.args[0], [i64(len(self.slots))]))
-            self._ptrs[name] = self._entry.bitcast(slot, F32P)
             self.slots.append(name)
+        if name not in self._ptrs:
+            assert self._entry is not None
+            slot = self._entry.load(self._entry.gep(self._args, [i64(self.slots.index(name))]))
+            self._ptrs[name] = self._entry.bitcast(slot, F32P)
         return self._ptrs[name]
 
     def inp(self, i: int = 0) -> ir.Value:
@@ -97,3 +129,11 @@ class OpCtx:
         name = f"{self.node.name}/{tag}"
         self.new_constants[name] = np.ascontiguousarray(array, dtype=np.float32)
         return self.ptr(name)
+
+
+def _entry_and_body(fn: ir.Function) -> tuple[ir.IRBuilder, ir.IRBuilder]:
+    """A builder at the start of `fn`'s body, and one in its entry block (allocas, pointer loads)."""
+    entry, body = fn.append_basic_block("entry"), fn.append_basic_block("body")
+    eb = ir.IRBuilder(entry)
+    eb.position_before(eb.branch(body))
+    return ir.IRBuilder(body), eb

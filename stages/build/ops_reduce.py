@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Callable
 
@@ -21,7 +22,7 @@ from stages.build.loops import (
     select_min,
 )
 from stages.build.opctx import OpCtx
-from stages.codegen.irb import I1, add, for_range, gep, i64, mul
+from stages.codegen.irb import F32, I1, I64, add, for_range, gep, i64, mul
 from stages.templates.epilogue import _exp as exp_f32  # the shared inline expf (vectorisable)
 
 _INIT = {"sum": 0.0, "mean": 0.0, "max": -math.inf, "min": math.inf}
@@ -185,59 +186,84 @@ def _pool(kind: str) -> Callable[[OpCtx], None]:
     return build
 
 
+POOL_ITEM_FLOATS = 16384  # input floats per thread below which a pool runs on one thread
+
+
 def _emit_pool(ctx, kind, sp, osp, k, s, d, pb, pe, include_pad) -> None:
-    """Per (image, channel, output row): columns whose window lies inside the input, in a row that does
-    too, run a branch-free unrolled window (vectorised across columns); the border runs a checked loop."""
+    """Separable, one output row at a time: the window's input rows are combined column by column
+    into a row buffer (unit stride, vectorised), then each output combines its window's columns of
+    that buffer, so a k x k window costs k + k operations per output instead of k*k. Rows and
+    columns whose window lies inside the input run branch-free; the border checks bounds. Planes
+    (image, channel) are split over the worker pool."""
     if len(sp) != 2:
         raise ctx.unsupported(f"{len(sp)}-D pooling (only 2-D is built)")
-    b, x, y = ctx.b, ctx.inp(), ctx.out()
     nc = ctx.in_shape()[0] * ctx.in_shape()[1]
     (h, w), (oh_n, ow_n) = sp, osp
     lo = [-(-p // st) for p, st in zip(pb, s, strict=True)]
     hi = [max(lo_d, min(o, (i - 1 + p - (kk - 1) * dd) // st + 1)) if i - 1 + p - (kk - 1) * dd >= 0 else lo_d
           for o, i, p, kk, dd, st, lo_d in zip(osp, sp, pb, k, d, s, lo, strict=True)]
-    acc, cnt = ctx.local(), ctx.local()
     combine = select_max if kind == "max" else (lambda b, a, v: b.fadd(a, v))
-    with loop_nest(b, (nc, oh_n), "o") as (c, oh):
+    init = f32(-math.inf if kind == "max" else 0.0)
+    with ctx.parallel(nc, min_items=-(-POOL_ITEM_FLOATS // (h * w))) as c:
+        b, x, y = ctx.b, ctx.inp(), ctx.out()
+        row, acc, cnt = ctx.buffer(w), ctx.local(), ctx.local()
         in_base = mul(b, c, i64(h * w))
-        out_row = mul(b, add(b, mul(b, c, i64(oh_n)), oh), i64(ow_n))
-        top = b.sub(mul(b, oh, i64(s[0])), i64(pb[0]))
+        with for_range(b, i64(0), i64(oh_n), name="oh") as oh:
+            top = b.sub(mul(b, oh, i64(s[0])), i64(pb[0]))
+            taps = [add(b, top, i64(i * d[0])) for i in range(k[0])]
 
-        def fast(ow: ir.Value) -> None:
-            left = b.sub(mul(b, ow, i64(s[1])), i64(pb[1]))
-            total = None
-            for i in range(k[0]):
-                row = mul(b, add(b, top, i64(i * d[0])), i64(w))
+            def in_row(r: ir.Value) -> ir.Value:
+                return add(b, in_base, mul(b, r, i64(w)))
+
+            inside = b.and_(b.icmp_signed(">=", oh, i64(lo[0])), b.icmp_signed("<", oh, i64(hi[0])))
+            with b.if_else(inside) as (inner_row, border_row):
+                with inner_row:
+                    starts = [in_row(r) for r in taps]
+                    with for_range(b, i64(0), i64(w), name="col") as col:
+                        total = None
+                        for start in starts:
+                            v = _load(b, x, add(b, start, col))
+                            total = v if total is None else combine(b, total, v)
+                        _store(b, total, row, col)
+                with border_row:
+                    with for_range(b, i64(0), i64(w), name="fill") as col:
+                        _store(b, init, row, col)
+                    for r in taps:
+                        with b.if_then(_within(b, [r], [0], [h])):
+                            start = in_row(r)
+                            with for_range(b, i64(0), i64(w), name="colb") as col:
+                                _store(b, combine(b, _load(b, row, col), _load(b, x, add(b, start, col))), row, col)
+            out_row = mul(b, add(b, mul(b, c, i64(oh_n)), oh), i64(ow_n))
+            rows_counted = [_within(b, [r], [-pb[0] if include_pad else 0], [h + pe[0] if include_pad else h])
+                            for r in taps]
+            rows_n = b.uitofp(functools.reduce(b.add, [b.zext(v, I64) for v in rows_counted]), F32)
+
+            def fast(ow: ir.Value) -> None:
+                left = b.sub(mul(b, ow, i64(s[1])), i64(pb[1]))
+                total = None
                 for j in range(k[1]):
-                    v = _load(b, x, add(b, in_base, add(b, row, add(b, left, i64(j * d[1])))))
+                    v = _load(b, row, add(b, left, i64(j * d[1])))
                     total = v if total is None else combine(b, total, v)
-            _store(b, total if kind == "max" else b.fmul(total, f32(1 / (k[0] * k[1]))), y, add(b, out_row, ow))
+                _store(b, total if kind == "max" else b.fdiv(total, b.fmul(rows_n, f32(k[1]))), y, add(b, out_row, ow))
 
-        def slow(ow: ir.Value) -> None:
-            starts = [top, b.sub(mul(b, ow, i64(s[1])), i64(pb[1]))]
-            b.store(f32(-math.inf if kind == "max" else 0.0), acc)
-            b.store(f32(0), cnt)
-            with loop_nest(b, k, "ks") as kk:
-                coords = [add(b, st, mul(b, kv, i64(dd))) for st, kv, dd in zip(starts, kk, d, strict=True)]
-                valid = _within(b, coords, [0, 0], sp)
-                padded = _within(b, coords, [-p for p in pb], [i + e for i, e in zip(sp, pe, strict=True)])
-                b.store(b.fadd(b.load(cnt), b.uitofp(padded if include_pad else valid, ir.FloatType())), cnt)
-                with b.if_then(valid):
-                    v = _load(b, x, add(b, in_base, add(b, mul(b, coords[0], i64(w)), coords[1])))
-                    b.store(combine(b, b.load(acc), v), acc)
-            result = b.load(acc) if kind == "max" else b.fdiv(b.load(acc), b.load(cnt))
-            _store(b, result, y, add(b, out_row, ow))
+            def slow(ow: ir.Value) -> None:
+                left = b.sub(mul(b, ow, i64(s[1])), i64(pb[1]))
+                b.store(init, acc)
+                b.store(f32(0), cnt)
+                with for_range(b, i64(0), i64(k[1]), name="kw") as j:
+                    col = add(b, left, mul(b, j, i64(d[1])))
+                    valid = _within(b, [col], [0], [w])
+                    padded = _within(b, [col], [-pb[1]], [w + pe[1]])
+                    b.store(b.fadd(b.load(cnt), b.uitofp(padded if include_pad else valid, F32)), cnt)
+                    with b.if_then(valid):
+                        b.store(combine(b, b.load(acc), _load(b, row, col)), acc)
+                result = b.load(acc) if kind == "max" else b.fdiv(b.load(acc), b.fmul(rows_n, b.load(cnt)))
+                _store(b, result, y, add(b, out_row, ow))
 
-        inside = b.and_(b.icmp_signed(">=", oh, i64(lo[0])), b.icmp_signed("<", oh, i64(hi[0])))
-        with b.if_else(inside) as (inner_row, border_row):
-            with inner_row:
-                for first, last, body in ((0, lo[1], slow), (lo[1], hi[1], fast), (hi[1], ow_n, slow)):
-                    if last > first:
-                        with for_range(b, i64(first), i64(last), name="ow") as ow:
-                            body(ow)
-            with border_row:
-                with for_range(b, i64(0), i64(ow_n), name="owb") as ow:
-                    slow(ow)
+            for first, last, body in ((0, lo[1], slow), (lo[1], hi[1], fast), (hi[1], ow_n, slow)):
+                if last > first:
+                    with for_range(b, i64(first), i64(last), name="ow") as ow:
+                        body(ow)
 
 
 def _within(b: ir.IRBuilder, coords, lo, hi) -> ir.Value:
