@@ -118,7 +118,7 @@ POOLS = [("MaxPool", dict(kernel_shape=[3, 3], strides=[2, 2], pads=[1, 1, 1, 1]
 
 @pytest.mark.parametrize("op,attrs", POOLS)
 def test_pools_split_over_the_worker_pool_match_the_reference(tmp_path, host, op, attrs):
-    """Planes big enough to be split over two threads; borders, dilation, ceil mode and pad counting."""
+    """Output rows split over two threads; borders, dilation, ceil mode and pad counting."""
     g = _G(x=_const((2, 6, 64, 70)))
     graph = g.graph([g.add(op, ["x"], **attrs)])
     build_library(graph, host, tmp_path / "lib", threads=2)

@@ -193,8 +193,9 @@ def _emit_pool(ctx, kind, sp, osp, k, s, d, pb, pe, include_pad) -> None:
     """Separable, one output row at a time: the window's input rows are combined column by column
     into a row buffer (unit stride, vectorised), then each output combines its window's columns of
     that buffer, so a k x k window costs k + k operations per output instead of k*k. Rows and
-    columns whose window lies inside the input run branch-free; the border checks bounds. Planes
-    (image, channel) are split over the worker pool."""
+    columns whose window lies inside the input run branch-free; the border checks bounds. Output
+    rows are split over the worker pool, as the convs around a pool split theirs (`par=oh`), so a
+    thread mostly reads rows its own core wrote."""
     if len(sp) != 2:
         raise ctx.unsupported(f"{len(sp)}-D pooling (only 2-D is built)")
     nc = ctx.in_shape()[0] * ctx.in_shape()[1]
@@ -204,11 +205,11 @@ def _emit_pool(ctx, kind, sp, osp, k, s, d, pb, pe, include_pad) -> None:
           for o, i, p, kk, dd, st, lo_d in zip(osp, sp, pb, k, d, s, lo, strict=True)]
     combine = select_max if kind == "max" else (lambda b, a, v: b.fadd(a, v))
     init = f32(-math.inf if kind == "max" else 0.0)
-    with ctx.parallel(nc, min_items=-(-POOL_ITEM_FLOATS // (h * w))) as c:
+    with ctx.parallel(oh_n, min_items=-(-POOL_ITEM_FLOATS // (nc * w * s[0]))) as oh:
         b, x, y = ctx.b, ctx.inp(), ctx.out()
         row, acc, cnt = ctx.buffer(w), ctx.local(), ctx.local()
-        in_base = mul(b, c, i64(h * w))
-        with for_range(b, i64(0), i64(oh_n), name="oh") as oh:
+        with for_range(b, i64(0), i64(nc), name="plane") as c:
+            in_base = mul(b, c, i64(h * w))
             top = b.sub(mul(b, oh, i64(s[0])), i64(pb[0]))
             taps = [add(b, top, i64(i * d[0])) for i in range(k[0])]
 
