@@ -146,14 +146,47 @@ def test_channel_vector_tiles_are_transposed_into_the_output(vw, mr, rh, flat, s
     assert "multiple of vw" in conv2d.space(task, HOST).reason({**knobs, "mr": 10})
 
 
+def test_channel_vector_tiles_split_the_row_evenly_and_compute_only_their_pixels():
+    """28 columns: two tiles of 14 pixels, so a step is 2 channel vectors x 14 pixels = 28 FMAs (not 32),
+    a 32x14 tile fits the registers a 32x16 one would not, and the output is still right."""
+    task = conv2d.conv2d_task((1, 32, 28, 28), (40, 32, 3, 3), (1, 1), (1, 1, 1, 1), (1, 1), 1,
+                              parse_epilogue("bias,relu"))
+    knobs = {**conv2d.default_config(task, HOST).knobs, "axis": "oc", "vw": 16, "mr": 32, "nw": 1, "rh": 1,
+             "flat": 0, "unroll": 0, "uk": 1, "icb": 32, "ocn": 1}
+    assert conv2d.space(task, HOST).reason(knobs) is None
+    plan = conv2d.plan(task, knobs)
+    assert (plan.tile_w, plan.w_tiles, plan.accumulators) == (14, 2, 28)
+    assert str(conv2d.build_ir(task, knobs, HOST)).count('= call <16 x float> @"llvm.fma.v16f32"(') == 28
+    inputs = conv2d.make_inputs(task)
+    assert_matches(task, run(task, knobs, inputs, 2), conv2d.reference(task, inputs))
+    assert "groups of 16 pixels exceed" in conv2d.space(task, HOST).reason({**knobs, "mr": 16, "nw": 3, "rh": 1})
+
+
+@pytest.mark.parametrize("shape,kernel,stride,pads,rh,threads",
+                         [((2, 5, 13, 11), 3, (2, 1), (2, 1, 0, 1), 2, 2), ((3, 4, 9, 10), 1, (2, 2), (0, 0, 0, 0), 1, 2),
+                          ((1, 6, 12, 19), 5, (1, 1), (2, 2, 2, 2), 3, 1)])
+def test_row_tiles_pack_the_rows_they_read_without_a_pack_phase(shape, kernel, stride, pads, rh, threads):
+    """Items are (image, row tile): each packs the padded rows it is first to need, across image
+    boundaries inside one thread's range and with halo rows packed by both threads."""
+    task = conv2d.conv2d_task(shape, (7, shape[1], kernel, kernel), stride, pads, (1, 1), 1,
+                              parse_epilogue("bias,relu"))
+    knobs = {**conv2d.default_config(task, HOST).knobs, "axis": "w", "vw": 8, "mr": 4, "nw": 1, "rh": rh,
+             "flat": 0, "par": "oh", "icb": 2, "ocn": 1, "unroll": 0, "uk": 1}
+    assert conv2d.space(task, HOST).reason(knobs) is None and conv2d.plan(task, knobs).pack_rows
+    ir_text = str(conv2d.build_ir(task, knobs, HOST, threads))
+    assert '@"tf_pack_rows"' in ir_text and '@"tf_pack"' not in ir_text
+    inputs = conv2d.make_inputs(task)
+    assert_matches(task, run(task, knobs, inputs, threads), conv2d.reference(task, inputs))
+
+
 def test_defaults_pick_the_vector_axis_and_the_flat_grid():
     def default(x, w, s=1, target=HOST):
         return conv2d.default_config(conv2d.conv2d_task(x, w, (s, s), (1, 1, 1, 1)), target).knobs
 
     for x, w, s in (((1, 64, 56, 56), (64, 64, 3, 3), 1), ((1, 128, 28, 28), (128, 128, 3, 3), 1),
-                    ((1, 128, 56, 56), (128, 128, 3, 3), 2)):  # 16 channels x 16 grid pixels, one channel block
-        assert {k: default(x, w, s)[k] for k in ("axis", "vw", "mr", "flat", "icb")} == \
-            {"axis": "oc", "vw": 16, "mr": 16, "flat": 1, "icb": x[1]}
+                    ((1, 128, 56, 56), (128, 128, 3, 3), 2)):  # 16 channels x 2 rows x 14 pixels, one channel block
+        assert {k: default(x, w, s)[k] for k in ("axis", "vw", "mr", "nw", "rh", "flat", "icb")} == \
+            {"axis": "oc", "vw": 16, "mr": 16, "nw": 1, "rh": 2, "flat": 0, "icb": x[1]}
     assert default((1, 8, 28, 28), (64, 8, 3, 3))["flat"] == 1  # 28 of 32 lanes in rows; 784 of 840 on the grid
     assert default((1, 8, 56, 56), (64, 8, 3, 3))["flat"] == 0  # 56 columns fill 7 vectors exactly
     assert default((1, 64, 56, 56), (64, 64, 3, 3), target=preset("x86-64-avx2"))["axis"] == "w"

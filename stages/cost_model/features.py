@@ -104,7 +104,8 @@ def conv2d_features(task: TuningTask, target: Target, threads: int, v: Columns) 
     axis_oc = _knob(v, "axis", "w", rows) == "oc"
     pads = task.attrs.get("pads", (0, 0, 0, 0))
     wq = -(-(task.inputs[0].shape[3] + pads[1] + pads[3]) // sw)  # the packed grid's row pitch
-    cols = nw * vw
+    extent = np.where(flat, (oh - 1) * wq + ow, ow)
+    cols = np.where(axis_oc, _cdiv(extent, _cdiv(extent, nw * vw)), nw * vw)  # channel-vector tiles split evenly
     icb_eff = np.minimum(icb, icg)
     oc_tiles = _cdiv(oc, mr)
     row_tiles = _cdiv(oh, rh)
@@ -113,7 +114,7 @@ def conv2d_features(task: TuningTask, target: Target, threads: int, v: Columns) 
     f = 4.0
     w_block = mr * icb_eff * kh * kw * f
     x_block = icb_eff * ((rh - 1) * sh + kh) * ((cols - 1) * sw + kw) * f
-    vregs = mr * rh * nw + rh * nw + 1
+    vregs = np.where(axis_oc, mr // vw * rh * cols + mr // vw + 1, mr * rh * nw + rh * nw + 1)
     return {
         "vw": vw, "mr": mr, "nw": nw, "rh": rh, "icb": icb, "uk": uk, "ocn": ocn, "unroll": unroll,
         "par_oc": par_oc.astype(np.float64), "hwc": hwc.astype(np.float64),

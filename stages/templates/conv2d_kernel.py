@@ -105,6 +105,31 @@ class Plan:
         return (self.g.oh - 1) * self.wq + self.g.ow if self.flat else self.g.ow
 
     @property
+    def tile_w(self) -> int:
+        """Columns of the tiled axis one tile covers. Channel-vector tiles broadcast their pixels one by
+        one, so a tile narrower than `nw*vw` computes only its own pixels: they split the axis into
+        equal tiles (28 columns are two tiles of 14, not 16 + 12 with 4 computed for nothing)."""
+        full = self.nw * self.vw
+        if not self.oc_vectors:
+            return full
+        return -(-self.out_w // -(-self.out_w // full))
+
+    @property
+    def w_tiles(self) -> int:
+        return -(-self.out_w // self.tile_w)
+
+    def pixels(self, j: int) -> int:
+        """Pixels of a channel-vector tile's group `j` (of `vw`) that are computed."""
+        return max(0, min(self.vw, self.tile_w - j * self.vw))
+
+    @property
+    def accumulators(self) -> int:
+        """Vector registers the tile's sums occupy."""
+        if self.oc_vectors:
+            return self.mr // self.vw * self.rh * self.tile_w
+        return self.mr * self.rh * self.nw
+
+    @property
     def segmented(self) -> bool:
         """A flat vector may span output rows: it is stored in pieces that skip the padding columns."""
         return self.flat and self.wq != self.g.ow
@@ -128,7 +153,7 @@ class Plan:
             return 0
         g = self.g
         rows = -(-self.out_h // self.rh) * self.rh
-        cols = -(-self.out_w // (self.nw * self.vw)) * self.nw * self.vw  # pixel broadcasts are not masked
+        cols = self.w_tiles * self.tile_w  # pixel broadcasts are not masked
         end = max(self.tap(i, j) for i in range(g.kh) for j in range(g.kw)) + (rows - 1) * self.wq + cols
         return g.n * g.c * self.plane + max(0, end - self.plane)
 
@@ -142,6 +167,14 @@ class Plan:
         """Each parallel item owns whole groups (depthwise, grouped convs split by channel blocks), so it
         packs its own input planes right before using them: no separate pack phase, and they are hot."""
         return not self.gemm and self.par == "oc" and self.g.groups > 1 and (self.ocn * self.mr) % self.g.ocg == 0
+
+    @property
+    def pack_rows(self) -> bool:
+        """Items are output row tiles: each packs the input rows it is first to need, right before
+        computing them, so no separate pack phase (one barrier less per call at 2+ threads), rows
+        are packed by the thread that reads them (and, after a conv split the same way, wrote
+        them), and are hot in cache. Chunk boundaries pack their halo rows twice, identically."""
+        return not self.gemm and not self.pack_in_item and self.par == "oh" and not self.flat
 
     @property
     def tiles(self) -> int:
@@ -167,11 +200,11 @@ def build(mod: ir.Module, p: Plan, ops: tuple[EpilogueOp, ...], threads: int) ->
     from stages.codegen.parallel import emit_main
 
     n_epi = len(epilogue.operands(ops))
-    pack = None if p.gemm else _emit_pack(mod, p, ws_slot=2 + n_epi)
-    conv = _Conv(p, ops, n_epi).emit(mod, pack if p.pack_in_item else None)
+    rows = None if p.gemm else _emit_pack_rows(mod, p, ws_slot=2 + n_epi)
+    conv = _Conv(p, ops, n_epi).emit(mod, rows if p.pack_in_item or p.pack_rows else None)
     phases = [emit_main(mod, conv, p.g.n * _outer(p), threads, name="tf_conv")]
-    if pack is not None and not p.pack_in_item:
-        phases.insert(0, emit_main(mod, pack, p.g.n * p.g.c, threads, name="tf_pack"))
+    if rows is not None and not (p.pack_in_item or p.pack_rows):
+        phases.insert(0, emit_main(mod, _emit_pack_planes(mod, p, rows), p.g.n * p.g.c, threads, name="tf_pack"))
     main = ir.Function(mod, ir.FunctionType(ir.VoidType(), [VOIDP]), name="tf_main")
     b = ir.IRBuilder(main.append_basic_block("entry"))
     for phase in phases:
@@ -200,7 +233,7 @@ def _outer(p: Plan) -> int:
     if p.par == "oc":
         return -(-p.tiles // p.ocn)
     if p.flat:
-        return -(-p.out_w // (p.nw * p.vw))
+        return p.w_tiles
     return -(-p.out_h // p.rh)
 
 
@@ -215,10 +248,13 @@ def _range_fn(mod: ir.Module, name: str) -> tuple[ir.Function, ir.IRBuilder]:
     return fn, ir.IRBuilder(fn.append_basic_block("entry"))
 
 
-def _emit_pack(mod: ir.Module, p: Plan, ws_slot: int) -> ir.Function:
-    """Planes [begin, end) of X → zero-padded planes of the workspace, split into stride phases."""
+def _emit_pack_rows(mod: ir.Module, p: Plan, ws_slot: int) -> ir.Function:
+    """`tf_pack_rows(args, plane0, plane1, row0, row1)`: padded rows [row0, row1) of planes
+    [plane0, plane1) of X → the workspace's zero-padded planes, split into stride phases."""
     g = p.g
-    fn, b = _range_fn(mod, "tf_pack_range")
+    fn = ir.Function(mod, ir.FunctionType(ir.VoidType(), [VOIDP, I64, I64, I64, I64]), name="tf_pack_rows")
+    fn.linkage = "internal"
+    b = ir.IRBuilder(fn.append_basic_block("entry"))
     x, ws = (b.load(b.gep(b.bitcast(fn.args[0], F32P.as_pointer()), [i64(i)])) for i in (0, ws_slot))
     zero = ir.Constant(F32, 0.0)
 
@@ -234,33 +270,43 @@ def _emit_pack(mod: ir.Module, p: Plan, ws_slot: int) -> ir.Function:
     with _loop(b, fn.args[1], fn.args[2], name="plane") as pl:
         src = gep(b, x, mul(b, pl, i64(g.h * g.w)))
         dst = gep(b, ws, mul(b, pl, i64(p.plane)))
-        for lo, hi in ((0, g.pt), (g.pt + g.h, p.hq * g.sh)):
-            if hi > lo:
-                with _loop(b, i64(lo), i64(hi), name="zrow") as r:
+        with _loop(b, fn.args[3], fn.args[4], name="prow") as pr:
+            r = b.sub(pr, i64(g.pt))
+            inside = b.and_(b.icmp_signed(">=", r, i64(0)), b.icmp_signed("<", r, i64(g.h)))
+            with b.if_else(inside) as (data, padding):
+                with padding:
                     for cph in range(g.sw):
-                        zero_fill(row(dst, r, cph), i64(0), i64(p.wq), "z")
-        with _loop(b, i64(0), i64(g.h), name="row") as r:
-            srow = gep(b, src, mul(b, r, i64(g.w)))
-            for cph in range(g.sw):
-                lo = min(p.wq, max(0, -(-(g.pl - cph) // g.sw)))
-                hi = max(lo, min(p.wq, -(-(g.w + g.pl - cph) // g.sw)))
-                dph = row(dst, add(b, r, i64(g.pt)), cph)
-                zero_fill(dph, i64(0), i64(lo), "zl")
-                mid = lo if g.sw == 1 else lo + (hi - lo) // PACK_LANES * PACK_LANES  # unit stride: a memcpy
-                if mid > lo:  # strided: a masked load of sw*8 floats, every sw-th lane kept
-                    with _loop(b, i64(lo), i64(mid), step=PACK_LANES, name="cpv") as q:
-                        col = add(b, mul(b, q, i64(g.sw)), i64(cph - g.pl))
-                        wide = load_vec(b, gep(b, srow, col), g.sw * PACK_LANES,
-                                        ir.Constant(ir.VectorType(I1, g.sw * PACK_LANES),
-                                                    [i % g.sw == 0 for i in range(g.sw * PACK_LANES)]))
-                        picked = b.shuffle_vector(wide, ir.Constant(wide.type, None),
-                                                  ir.Constant(ir.VectorType(ir.IntType(32), PACK_LANES),
-                                                              [i * g.sw for i in range(PACK_LANES)]))
-                        store_vec(b, picked, gep(b, dph, q))
-                with for_range(b, i64(mid), i64(hi), name="cp") as q:
-                    col = add(b, mul(b, q, i64(g.sw)), i64(cph - g.pl))
-                    b.store(b.load(gep(b, srow, col)), gep(b, dph, q))
-                zero_fill(dph, i64(hi), i64(p.wq), "zr")
+                        zero_fill(row(dst, pr, cph), i64(0), i64(p.wq), "z")
+                with data:
+                    srow = gep(b, src, mul(b, r, i64(g.w)))
+                    for cph in range(g.sw):
+                        lo = min(p.wq, max(0, -(-(g.pl - cph) // g.sw)))
+                        hi = max(lo, min(p.wq, -(-(g.w + g.pl - cph) // g.sw)))
+                        dph = row(dst, pr, cph)
+                        zero_fill(dph, i64(0), i64(lo), "zl")
+                        mid = lo if g.sw == 1 else lo + (hi - lo) // PACK_LANES * PACK_LANES  # unit stride: a memcpy
+                        if mid > lo:  # strided: a masked load of sw*8 floats, every sw-th lane kept
+                            with _loop(b, i64(lo), i64(mid), step=PACK_LANES, name="cpv") as q:
+                                col = add(b, mul(b, q, i64(g.sw)), i64(cph - g.pl))
+                                wide = load_vec(b, gep(b, srow, col), g.sw * PACK_LANES,
+                                                ir.Constant(ir.VectorType(I1, g.sw * PACK_LANES),
+                                                            [i % g.sw == 0 for i in range(g.sw * PACK_LANES)]))
+                                picked = b.shuffle_vector(wide, ir.Constant(wide.type, None),
+                                                          ir.Constant(ir.VectorType(ir.IntType(32), PACK_LANES),
+                                                                      [i * g.sw for i in range(PACK_LANES)]))
+                                store_vec(b, picked, gep(b, dph, q))
+                        with for_range(b, i64(mid), i64(hi), name="cp") as q:
+                            col = add(b, mul(b, q, i64(g.sw)), i64(cph - g.pl))
+                            b.store(b.load(gep(b, srow, col)), gep(b, dph, q))
+                        zero_fill(dph, i64(hi), i64(p.wq), "zr")
+    b.ret_void()
+    return fn
+
+
+def _emit_pack_planes(mod: ir.Module, p: Plan, rows: ir.Function) -> ir.Function:
+    """Whole planes [begin, end): the separate pack phase, for schedules whose items are not row tiles."""
+    fn, b = _range_fn(mod, "tf_pack_range")
+    b.call(rows, [fn.args[0], fn.args[1], fn.args[2], i64(0), i64(p.hq * p.g.sh)])
     b.ret_void()
     return fn
 
@@ -269,29 +315,43 @@ class _Conv:
     def __init__(self, p: Plan, ops: tuple[EpilogueOp, ...], n_epi: int):
         self.p, self.ops, self.n_epi = p, ops, n_epi
         self.slots = epilogue.operands(ops)
-        self.tile_w = p.nw * p.vw
-        self.w_tiles = -(-p.out_w // self.tile_w)
+        self.tile_w, self.w_tiles = p.tile_w, p.w_tiles
         self.h_tiles = -(-p.out_h // p.rh)
         self._micro: ir.Function | None = None
 
     def emit(self, mod: ir.Module, pack: ir.Function | None) -> ir.Function:
-        """`tf_conv_range(args, begin, end)`; with `pack`, each item first packs the planes it reads."""
+        """`tf_conv_range(args, begin, end)`; with `pack` (`tf_pack_rows`), each item first packs the
+        planes (`pack_in_item`) or the rows (`pack_rows`) it is first to read."""
         p, g = self.p, self.p.g
         fn, b = _range_fn(mod, "tf_conv_range")
         ptrs = _args(b, fn, 3 + self.n_epi + (0 if p.gemm else 1))
         x = ptrs[0] if p.gemm else ptrs[-2]
         self.b, self.x, self.w, self.epi, self.y = b, x, ptrs[1], ptrs[2:2 + self.n_epi], ptrs[-1]
         outer = _outer(p)
+        if p.pack_rows:  # (image, padded rows packed so far) of this range
+            image, packed = b.alloca(I64), b.alloca(I64)
+            b.store(i64(-1), image)
         with _loop(b, fn.args[1], fn.args[2], name="item") as item:
             n = b.udiv(item, i64(outer))
             o = b.urem(item, i64(outer))
-            if pack is not None:
+            if pack is not None and p.pack_rows:
+                with b.if_then(b.icmp_signed("!=", b.load(image), n)):
+                    b.store(n, image)
+                    b.store(mul(b, o, i64(p.rh * g.sh)), packed)
+                last_row = add(b, mul(b, add(b, mul(b, o, i64(p.rh)), i64(p.rh - 1)), i64(g.sh)),
+                               i64((g.kh - 1) * g.dh + 1))
+                need = smin(b, last_row, i64(p.hq * g.sh))
+                with b.if_then(b.icmp_signed("<", b.load(packed), need)):
+                    b.call(pack, [fn.args[0], mul(b, n, i64(g.c)), mul(b, add(b, n, i64(1)), i64(g.c)),
+                                  b.load(packed), need])
+                    b.store(need, packed)
+            elif pack is not None:
                 oc0 = mul(b, o, i64(p.ocn * p.mr))
                 oc1 = smin(b, add(b, oc0, i64(p.ocn * p.mr)), i64(g.oc))
                 base = mul(b, n, i64(g.c))
                 c0 = add(b, base, mul(b, b.udiv(oc0, i64(g.ocg)), i64(g.icg)))
                 c1 = add(b, base, mul(b, b.udiv(oc1, i64(g.ocg)), i64(g.icg)))
-                b.call(pack, [fn.args[0], c0, c1])
+                b.call(pack, [fn.args[0], c0, c1, i64(0), i64(p.hq * g.sh)])
             if p.par == "oc":
                 with _loop(b, i64(0), i64(p.ic_blocks), name="icb") as kb:
                     with _loop(b, i64(0), i64(self.h_tiles), name="ht") as ht:
@@ -549,7 +609,7 @@ class _Micro:
         wv = [load_vec(b, gep(b, w, add(b, woff, i64(o * p.vw))), p.vw) for o in range(p.mr // p.vw)]
         for r in range(p.rh):
             for j in range(p.nw):
-                for q in range(p.vw):
+                for q in range(p.pixels(j)):
                     px = splat(b, b.load(gep(b, x, add(b, xoff, i64(r * p.wq + j * p.vw + q)))), p.vw)
                     for o, wo in enumerate(wv):
                         cell = self.oacc[o, r, j, q]
