@@ -48,7 +48,7 @@ from stages.codegen.irb import (
 from stages.templates import epilogue
 from stages.templates.conv2d_shape import ConvGeom
 
-PACK_LANES = 8  # columns per vector of the strided pack copy
+PACK_LANES = 8  # columns per phase of one step of the strided pack copy
 
 
 @dataclass(frozen=True)
@@ -279,28 +279,48 @@ def _emit_pack_rows(mod: ir.Module, p: Plan, ws_slot: int) -> ir.Function:
                         zero_fill(row(dst, pr, cph), i64(0), i64(p.wq), "z")
                 with data:
                     srow = gep(b, src, mul(b, r, i64(g.w)))
+                    bounds = []
                     for cph in range(g.sw):
                         lo = min(p.wq, max(0, -(-(g.pl - cph) // g.sw)))
-                        hi = max(lo, min(p.wq, -(-(g.w + g.pl - cph) // g.sw)))
-                        dph = row(dst, pr, cph)
+                        bounds.append((lo, max(lo, min(p.wq, -(-(g.w + g.pl - cph) // g.sw)))))
+                    dphs = [row(dst, pr, cph) for cph in range(g.sw)]
+                    vlo, vend = _pack_blocks(g, bounds)
+
+                    def block(q: ir.Value) -> None:  # every phase from one load of sw*8 columns
+                        wide = load_vec(b, gep(b, srow, b.sub(mul(b, q, i64(g.sw)), i64(g.pl))), g.sw * PACK_LANES)
+                        for cph, dph in enumerate(dphs):
+                            picked = b.shuffle_vector(wide, ir.Constant(wide.type, None),
+                                                      ir.Constant(ir.VectorType(ir.IntType(32), PACK_LANES),
+                                                                  [i * g.sw + cph for i in range(PACK_LANES)]))
+                            store_vec(b, picked, gep(b, dph, q))
+
+                    if vend > vlo:
+                        full = vlo + (vend - vlo) // PACK_LANES * PACK_LANES
+                        with _loop(b, i64(vlo), i64(full), step=PACK_LANES, name="cpv") as q:
+                            block(q)
+                        if full < vend:  # the tail as one more block, overlapping the last
+                            block(i64(vend - PACK_LANES))
+                    for cph, ((lo, hi), dph) in enumerate(zip(bounds, dphs, strict=True)):
                         zero_fill(dph, i64(0), i64(lo), "zl")
-                        mid = lo if g.sw == 1 else lo + (hi - lo) // PACK_LANES * PACK_LANES  # unit stride: a memcpy
-                        if mid > lo:  # strided: a masked load of sw*8 floats, every sw-th lane kept
-                            with _loop(b, i64(lo), i64(mid), step=PACK_LANES, name="cpv") as q:
+                        for a, z in ((lo, vlo), (vend, hi)) if vend > vlo else ((lo, hi),):
+                            with for_range(b, i64(a), i64(z), name="cp") as q:  # unit stride: a memcpy
                                 col = add(b, mul(b, q, i64(g.sw)), i64(cph - g.pl))
-                                wide = load_vec(b, gep(b, srow, col), g.sw * PACK_LANES,
-                                                ir.Constant(ir.VectorType(I1, g.sw * PACK_LANES),
-                                                            [i % g.sw == 0 for i in range(g.sw * PACK_LANES)]))
-                                picked = b.shuffle_vector(wide, ir.Constant(wide.type, None),
-                                                          ir.Constant(ir.VectorType(ir.IntType(32), PACK_LANES),
-                                                                      [i * g.sw for i in range(PACK_LANES)]))
-                                store_vec(b, picked, gep(b, dph, q))
-                        with for_range(b, i64(mid), i64(hi), name="cp") as q:
-                            col = add(b, mul(b, q, i64(g.sw)), i64(cph - g.pl))
-                            b.store(b.load(gep(b, srow, col)), gep(b, dph, q))
+                                b.store(b.load(gep(b, srow, col)), gep(b, dph, q))
                         zero_fill(dph, i64(hi), i64(p.wq), "zr")
     b.ret_void()
     return fn
+
+
+def _pack_blocks(g: ConvGeom, bounds: list[tuple[int, int]]) -> tuple[int, int]:
+    """Phase columns [vlo, vend) a strided pack copies in blocks of PACK_LANES (the last block may
+    overlap the one before): inside every phase's [lo, hi), reading only input columns inside the
+    row. Empty (vlo == vend) at stride 1 or when not one block fits."""
+    if g.sw == 1:
+        return 0, 0
+    vlo = max(max(lo for lo, _ in bounds), -(-g.pl // g.sw))
+    last_start = (g.w + g.pl - g.sw * PACK_LANES) // g.sw  # a block's sw*8 columns end inside the row
+    vend = min(min(hi for _, hi in bounds), last_start + PACK_LANES)
+    return (vlo, vend) if vend - vlo >= PACK_LANES else (0, 0)
 
 
 def _emit_pack_planes(mod: ir.Module, p: Plan, rows: ir.Function) -> ir.Function:
