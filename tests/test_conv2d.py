@@ -179,6 +179,22 @@ def test_row_tiles_pack_the_rows_they_read_without_a_pack_phase(shape, kernel, s
     assert_matches(task, run(task, knobs, inputs, threads), conv2d.reference(task, inputs))
 
 
+@pytest.mark.parametrize("axis,threads", [("oc", 2), ("w", 1)])
+def test_row_tiles_of_a_large_image_pack_into_a_stack_slab(axis, threads):
+    """A packed image past L2 (here 2 images x 1.3 MB): each row tile packs its rows into a small
+    buffer of its own (no workspace at all), halo rows again for the next tile."""
+    task = conv2d.conv2d_task((2, 64, 70, 70), (16, 64, 3, 3), (2, 2), (1, 0, 1, 1), (1, 1), 1,
+                              parse_epilogue("bias,relu"))
+    knobs = {**conv2d.default_config(task, HOST).knobs, "axis": axis, "vw": 16, "mr": 16 if axis == "oc" else 8,
+             "nw": 1, "rh": 2, "flat": 0, "par": "oh", "icb": 64, "ocn": 1, "unroll": 0, "uk": 1}
+    assert conv2d.space(task, HOST).reason(knobs) is None
+    plan = conv2d.plan(task, knobs)
+    assert plan.slab and plan.workspace == 0 and plan.slab_floats * 4 < 1 << 20
+    inputs = conv2d.make_inputs(task)
+    assert len(conv2d.kernel_args(task, knobs, inputs)) == 4  # X, W, bias, Y: no packed-input buffer
+    assert_matches(task, run(task, knobs, inputs, threads), conv2d.reference(task, inputs))
+
+
 def test_defaults_pick_the_vector_axis_and_the_flat_grid():
     def default(x, w, s=1, target=HOST):
         return conv2d.default_config(conv2d.conv2d_task(x, w, (s, s), (1, 1, 1, 1)), target).knobs

@@ -49,6 +49,7 @@ from stages.templates import epilogue
 from stages.templates.conv2d_shape import ConvGeom
 
 PACK_LANES = 8  # columns per phase of one step of the strided pack copy
+SLAB_MIN_BYTES = 1 << 20  # a packed image past this is packed row tile by row tile into a slab
 
 
 @dataclass(frozen=True)
@@ -87,8 +88,19 @@ class Plan:
 
     @property
     def hq(self) -> int:
-        """Rows of one stride phase of a packed input plane."""
+        """Rows of one stride phase of a packed input plane (of the slab's plane, with a slab)."""
+        if self.slab:
+            return -(-self.span // self.g.sh)
+        return self.hq_image
+
+    @property
+    def hq_image(self) -> int:
         return -(-(self.g.h + self.g.pt + self.g.pb) // self.g.sh)
+
+    @property
+    def span(self) -> int:
+        """Padded input rows one row tile reads."""
+        return (self.rh - 1) * self.g.sh + (self.g.kh - 1) * self.g.dh + 1
 
     @property
     def wq(self) -> int:
@@ -147,15 +159,32 @@ class Plan:
 
     @property
     def workspace(self) -> int:
-        """Floats of the packed-input buffer (0 when X is read in place), with the slack that the
-        masked-off rows and grid columns of the last plane's edge tiles read past its end."""
-        if self.gemm:
+        """Floats of the packed-input buffer (0 when X is read in place or packed into a slab)."""
+        if self.gemm or self.slab:
             return 0
+        return self.g.n * self.g.c * self.plane + self._slack(-(-self.out_h // self.rh) * self.rh)
+
+    @property
+    def slab(self) -> bool:
+        """Row tiles pack their rows into a small per-thread buffer instead of the whole packed
+        image, when that image would not fit in L2 (1 MB; the slab must, too): the packed rows
+        then never travel to L3 and back. Halo rows are packed once per tile that reads them."""
+        if not self.pack_rows:
+            return False
         g = self.g
-        rows = -(-self.out_h // self.rh) * self.rh
+        per_row = 4 * g.c * g.sw * self.wq
+        return per_row * g.sh * self.hq_image > SLAB_MIN_BYTES >= per_row * g.sh * -(-self.span // g.sh)
+
+    @property
+    def slab_floats(self) -> int:
+        return self.g.c * self.plane + self._slack(self.rh)
+
+    def _slack(self, rows: int) -> int:
+        """Floats past the last plane that the masked-off rows and grid columns of its edge tiles read."""
+        g = self.g
         cols = self.w_tiles * self.tile_w  # pixel broadcasts are not masked
         end = max(self.tap(i, j) for i in range(g.kh) for j in range(g.kw)) + (rows - 1) * self.wq + cols
-        return g.n * g.c * self.plane + max(0, end - self.plane)
+        return max(0, end - self.plane)
 
     @property
     def shared(self) -> bool:
@@ -200,11 +229,12 @@ def build(mod: ir.Module, p: Plan, ops: tuple[EpilogueOp, ...], threads: int) ->
     from stages.codegen.parallel import emit_main
 
     n_epi = len(epilogue.operands(ops))
-    rows = None if p.gemm else _emit_pack_rows(mod, p, ws_slot=2 + n_epi)
+    rows = None if p.gemm else _emit_pack_rows(mod, p)
     conv = _Conv(p, ops, n_epi).emit(mod, rows if p.pack_in_item or p.pack_rows else None)
     phases = [emit_main(mod, conv, p.g.n * _outer(p), threads, name="tf_conv")]
     if rows is not None and not (p.pack_in_item or p.pack_rows):
-        phases.insert(0, emit_main(mod, _emit_pack_planes(mod, p, rows), p.g.n * p.g.c, threads, name="tf_pack"))
+        pack = _emit_pack_planes(mod, p, rows, ws_slot=2 + n_epi)
+        phases.insert(0, emit_main(mod, pack, p.g.n * p.g.c, threads, name="tf_pack"))
     main = ir.Function(mod, ir.FunctionType(ir.VoidType(), [VOIDP]), name="tf_main")
     b = ir.IRBuilder(main.append_basic_block("entry"))
     for phase in phases:
@@ -248,14 +278,17 @@ def _range_fn(mod: ir.Module, name: str) -> tuple[ir.Function, ir.IRBuilder]:
     return fn, ir.IRBuilder(fn.append_basic_block("entry"))
 
 
-def _emit_pack_rows(mod: ir.Module, p: Plan, ws_slot: int) -> ir.Function:
-    """`tf_pack_rows(args, plane0, plane1, row0, row1)`: padded rows [row0, row1) of planes
-    [plane0, plane1) of X → the workspace's zero-padded planes, split into stride phases."""
+def _emit_pack_rows(mod: ir.Module, p: Plan) -> ir.Function:
+    """`tf_pack_rows(args, plane0, plane1, row0, row1, dst, shift)`: padded rows [row0, row1) of
+    planes [plane0, plane1) of X → zero-padded planes from `dst` on (plane0's), split into stride
+    phases, padded row r at row r - shift (a multiple of the row stride)."""
     g = p.g
-    fn = ir.Function(mod, ir.FunctionType(ir.VoidType(), [VOIDP, I64, I64, I64, I64]), name="tf_pack_rows")
+    fn = ir.Function(mod, ir.FunctionType(ir.VoidType(), [VOIDP, I64, I64, I64, I64, F32P, I64]),
+                     name="tf_pack_rows")
     fn.linkage = "internal"
     b = ir.IRBuilder(fn.append_basic_block("entry"))
-    x, ws = (b.load(b.gep(b.bitcast(fn.args[0], F32P.as_pointer()), [i64(i)])) for i in (0, ws_slot))
+    x = b.load(b.bitcast(fn.args[0], F32P.as_pointer()))
+    ws, shift = fn.args[5], fn.args[6]
     zero = ir.Constant(F32, 0.0)
 
     def zero_fill(base: ir.Value, lo: ir.Value, hi: ir.Value, name: str) -> None:
@@ -269,21 +302,21 @@ def _emit_pack_rows(mod: ir.Module, p: Plan, ws_slot: int) -> ir.Function:
 
     with _loop(b, fn.args[1], fn.args[2], name="plane") as pl:
         src = gep(b, x, mul(b, pl, i64(g.h * g.w)))
-        dst = gep(b, ws, mul(b, pl, i64(p.plane)))
+        dst = gep(b, ws, mul(b, b.sub(pl, fn.args[1]), i64(p.plane)))
         with _loop(b, fn.args[3], fn.args[4], name="prow") as pr:
             r = b.sub(pr, i64(g.pt))
             inside = b.and_(b.icmp_signed(">=", r, i64(0)), b.icmp_signed("<", r, i64(g.h)))
             with b.if_else(inside) as (data, padding):
                 with padding:
                     for cph in range(g.sw):
-                        zero_fill(row(dst, pr, cph), i64(0), i64(p.wq), "z")
+                        zero_fill(row(dst, b.sub(pr, shift), cph), i64(0), i64(p.wq), "z")
                 with data:
                     srow = gep(b, src, mul(b, r, i64(g.w)))
                     bounds = []
                     for cph in range(g.sw):
                         lo = min(p.wq, max(0, -(-(g.pl - cph) // g.sw)))
                         bounds.append((lo, max(lo, min(p.wq, -(-(g.w + g.pl - cph) // g.sw)))))
-                    dphs = [row(dst, pr, cph) for cph in range(g.sw)]
+                    dphs = [row(dst, b.sub(pr, shift), cph) for cph in range(g.sw)]
                     vlo, vend = _pack_blocks(g, bounds)
 
                     def block(q: ir.Value) -> None:  # every phase from one load of sw*8 columns
@@ -323,10 +356,12 @@ def _pack_blocks(g: ConvGeom, bounds: list[tuple[int, int]]) -> tuple[int, int]:
     return (vlo, vend) if vend - vlo >= PACK_LANES else (0, 0)
 
 
-def _emit_pack_planes(mod: ir.Module, p: Plan, rows: ir.Function) -> ir.Function:
+def _emit_pack_planes(mod: ir.Module, p: Plan, rows: ir.Function, ws_slot: int) -> ir.Function:
     """Whole planes [begin, end): the separate pack phase, for schedules whose items are not row tiles."""
     fn, b = _range_fn(mod, "tf_pack_range")
-    b.call(rows, [fn.args[0], fn.args[1], fn.args[2], i64(0), i64(p.hq * p.g.sh)])
+    ws = b.load(b.gep(b.bitcast(fn.args[0], F32P.as_pointer()), [i64(ws_slot)]))
+    b.call(rows, [fn.args[0], fn.args[1], fn.args[2], i64(0), i64(p.hq * p.g.sh),
+                  gep(b, ws, mul(b, fn.args[1], i64(p.plane))), i64(0)])
     b.ret_void()
     return fn
 
@@ -344,8 +379,13 @@ class _Conv:
         planes (`pack_in_item`) or the rows (`pack_rows`) it is first to read."""
         p, g = self.p, self.p.g
         fn, b = _range_fn(mod, "tf_conv_range")
-        ptrs = _args(b, fn, 3 + self.n_epi + (0 if p.gemm else 1))
-        x = ptrs[0] if p.gemm else ptrs[-2]
+        ptrs = _args(b, fn, 3 + self.n_epi + (1 if p.workspace else 0))
+        ws = ptrs[-2] if p.workspace else None
+        if p.slab:
+            x = b.alloca(F32, size=i64(p.slab_floats))
+            x.align = 64
+        else:
+            x = ws if p.workspace else ptrs[0]
         self.b, self.x, self.w, self.epi, self.y = b, x, ptrs[1], ptrs[2:2 + self.n_epi], ptrs[-1]
         outer = _outer(p)
         if p.pack_rows:  # (image, padded rows packed so far) of this range
@@ -354,7 +394,11 @@ class _Conv:
         with _loop(b, fn.args[1], fn.args[2], name="item") as item:
             n = b.udiv(item, i64(outer))
             o = b.urem(item, i64(outer))
-            if pack is not None and p.pack_rows:
+            if pack is not None and p.slab:
+                first = mul(b, o, i64(p.rh * g.sh))
+                b.call(pack, [fn.args[0], mul(b, n, i64(g.c)), mul(b, add(b, n, i64(1)), i64(g.c)),
+                              first, add(b, first, i64(p.span)), x, first])
+            elif pack is not None and p.pack_rows:
                 with b.if_then(b.icmp_signed("!=", b.load(image), n)):
                     b.store(n, image)
                     b.store(mul(b, o, i64(p.rh * g.sh)), packed)
@@ -363,7 +407,7 @@ class _Conv:
                 need = smin(b, last_row, i64(p.hq * g.sh))
                 with b.if_then(b.icmp_signed("<", b.load(packed), need)):
                     b.call(pack, [fn.args[0], mul(b, n, i64(g.c)), mul(b, add(b, n, i64(1)), i64(g.c)),
-                                  b.load(packed), need])
+                                  b.load(packed), need, gep(b, ws, mul(b, n, i64(g.c * p.plane))), i64(0)])
                     b.store(need, packed)
             elif pack is not None:
                 oc0 = mul(b, o, i64(p.ocn * p.mr))
@@ -371,7 +415,8 @@ class _Conv:
                 base = mul(b, n, i64(g.c))
                 c0 = add(b, base, mul(b, b.udiv(oc0, i64(g.ocg)), i64(g.icg)))
                 c1 = add(b, base, mul(b, b.udiv(oc1, i64(g.ocg)), i64(g.icg)))
-                b.call(pack, [fn.args[0], c0, c1, i64(0), i64(p.hq * g.sh)])
+                b.call(pack, [fn.args[0], c0, c1, i64(0), i64(p.hq * g.sh), gep(b, ws, mul(b, c0, i64(p.plane))),
+                              i64(0)])
             if p.par == "oc":
                 with _loop(b, i64(0), i64(p.ic_blocks), name="icb") as kb:
                     with _loop(b, i64(0), i64(self.h_tiles), name="ht") as ht:
@@ -412,7 +457,10 @@ class _Conv:
         ch = add(b, mul(b, n, i64(g.c)), add(b, mul(b, grp, i64(g.icg)), mul(b, kb, i64(p.icb))))
         oh0 = mul(b, ht, i64(p.rh))
         ow0 = mul(b, wt, i64(self.tile_w))
-        xoff = add(b, mul(b, ch, i64(p.plane)), add(b, mul(b, oh0, i64(p.wq)), ow0))
+        if p.slab:  # the slab holds this image's planes from the tile's first row on
+            xoff = add(b, mul(b, b.sub(ch, mul(b, n, i64(g.c))), i64(p.plane)), ow0)
+        else:
+            xoff = add(b, mul(b, ch, i64(p.plane)), add(b, mul(b, oh0, i64(p.wq)), ow0))
         kb_off = mul(b, kb, i64(p.icb * g.kh * g.kw * p.mr))
         woff = add(b, mul(b, t, i64(p.panel)), kb_off)
         if p.segmented:  # the tile starts at grid column col0 of output row oh0
