@@ -163,7 +163,8 @@ def test_channel_vector_tiles_split_the_row_evenly_and_compute_only_their_pixels
 
 
 @pytest.mark.parametrize("shape,kernel,stride,pads,rh,threads",
-                         [((2, 5, 13, 11), 3, (2, 1), (2, 1, 0, 1), 2, 2), ((3, 4, 9, 10), 1, (2, 2), (0, 0, 0, 0), 1, 2),
+                         [((2, 5, 13, 11), 3, (2, 1), (2, 1, 0, 1), 2, 2),
+                          ((3, 4, 9, 10), 1, (2, 2), (0, 0, 0, 0), 1, 2),
                           ((1, 6, 12, 19), 5, (1, 1), (2, 2, 2, 2), 3, 1)])
 def test_row_tiles_pack_the_rows_they_read_without_a_pack_phase(shape, kernel, stride, pads, rh, threads):
     """Items are (image, row tile): each packs the padded rows it is first to need, across image
