@@ -49,6 +49,7 @@ from stages.templates import epilogue
 from stages.templates.conv2d_shape import ConvGeom
 
 PACK_LANES = 8  # columns per phase of one step of the strided pack copy
+ROW_LANES = 16  # floats per vector of the stride-1 row copy
 SLAB_MIN_BYTES = 1 << 20  # a packed image past this is packed row tile by row tile into a slab
 
 
@@ -295,10 +296,66 @@ def _emit_pack_rows(mod: ir.Module, p: Plan) -> ir.Function:
         with for_range(b, lo, hi, name=name) as q:
             b.store(zero, gep(b, base, q))
 
+    def unit_row(dst: ir.Value, srow: ir.Value | None) -> None:
+        """A stride-1 padded row (or, without `srow`, a row of zeros) in vectors of 16 with constant
+        masks at the edges: zeros, the input row (read at column q - pl), zeros; no per-element
+        loops, no run-time alias checks."""
+        lo, hi = min(p.wq, g.pl), min(p.wq, g.pl + g.w) if srow is not None else g.pl
+        blocks = range(0, p.wq, ROW_LANES)
+        inner = [q for q in blocks if lo <= q and q + ROW_LANES <= min(hi, p.wq)]
+        edge = [q for q in blocks if q not in inner]
+
+        def put(q: ir.Value, valid: tuple[int, int] | None, stored: int) -> None:
+            if srow is None or valid is None:
+                v = ir.Constant(vec(ROW_LANES), None)
+            elif valid == (0, ROW_LANES):
+                v = load_vec(b, gep(b, srow, b.sub(q, i64(g.pl))), ROW_LANES)
+            else:
+                mask = ir.Constant(ir.VectorType(I1, ROW_LANES), [valid[0] <= i < valid[1] for i in range(ROW_LANES)])
+                v = load_vec(b, gep(b, srow, b.sub(q, i64(g.pl))), ROW_LANES, mask)
+            store_vec(b, v, gep(b, dst, q), None if stored >= ROW_LANES else stored)
+
+        if inner:
+            with _loop(b, i64(inner[0]), i64(inner[-1] + ROW_LANES), step=ROW_LANES, name="cpr") as q:
+                put(q, (0, ROW_LANES), ROW_LANES)
+        for q in edge:
+            a, z = max(lo, q) - q, min(hi, q + ROW_LANES) - q
+            put(i64(q), (a, z) if z > a else None, p.wq - q)
+
     def row(dst: ir.Value, padded_row: ir.Value, cph: int) -> ir.Value:
         """Start of one padded row's column phase `cph` in the plane at `dst`."""
         rph, r = (b.urem(padded_row, i64(g.sh)), b.udiv(padded_row, i64(g.sh))) if g.sh > 1 else (i64(0), padded_row)
         return gep(b, dst, mul(b, add(b, mul(b, add(b, mul(b, rph, i64(g.sw)), i64(cph)), i64(p.hq)), r), i64(p.wq)))
+
+    def strided_row(dphs: list[ir.Value], srow: ir.Value) -> None:
+        """A padded row split into its `sw` column phases (rows at `dphs`)."""
+        bounds = []
+        for cph in range(g.sw):
+            lo = min(p.wq, max(0, -(-(g.pl - cph) // g.sw)))
+            bounds.append((lo, max(lo, min(p.wq, -(-(g.w + g.pl - cph) // g.sw)))))
+        vlo, vend = _pack_blocks(g, bounds)
+
+        def block(q: ir.Value) -> None:  # every phase from one load of sw*8 columns
+            wide = load_vec(b, gep(b, srow, b.sub(mul(b, q, i64(g.sw)), i64(g.pl))), g.sw * PACK_LANES)
+            for cph, dph in enumerate(dphs):
+                picked = b.shuffle_vector(wide, ir.Constant(wide.type, None),
+                                          ir.Constant(ir.VectorType(ir.IntType(32), PACK_LANES),
+                                                      [i * g.sw + cph for i in range(PACK_LANES)]))
+                store_vec(b, picked, gep(b, dph, q))
+
+        if vend > vlo:
+            full = vlo + (vend - vlo) // PACK_LANES * PACK_LANES
+            with _loop(b, i64(vlo), i64(full), step=PACK_LANES, name="cpv") as q:
+                block(q)
+            if full < vend:  # the tail as one more block, overlapping the last
+                block(i64(vend - PACK_LANES))
+        for cph, ((lo, hi), dph) in enumerate(zip(bounds, dphs, strict=True)):
+            zero_fill(dph, i64(0), i64(lo), "zl")
+            for a, z in ((lo, vlo), (vend, hi)) if vend > vlo else ((lo, hi),):
+                with for_range(b, i64(a), i64(z), name="cp") as q:
+                    col = add(b, mul(b, q, i64(g.sw)), i64(cph - g.pl))
+                    b.store(b.load(gep(b, srow, col)), gep(b, dph, q))
+            zero_fill(dph, i64(hi), i64(p.wq), "zr")
 
     with _loop(b, fn.args[1], fn.args[2], name="plane") as pl:
         src = gep(b, x, mul(b, pl, i64(g.h * g.w)))
@@ -309,37 +366,13 @@ def _emit_pack_rows(mod: ir.Module, p: Plan) -> ir.Function:
             with b.if_else(inside) as (data, padding):
                 with padding:
                     for cph in range(g.sw):
-                        zero_fill(row(dst, b.sub(pr, shift), cph), i64(0), i64(p.wq), "z")
+                        unit_row(row(dst, b.sub(pr, shift), cph), None)
                 with data:
                     srow = gep(b, src, mul(b, r, i64(g.w)))
-                    bounds = []
-                    for cph in range(g.sw):
-                        lo = min(p.wq, max(0, -(-(g.pl - cph) // g.sw)))
-                        bounds.append((lo, max(lo, min(p.wq, -(-(g.w + g.pl - cph) // g.sw)))))
-                    dphs = [row(dst, b.sub(pr, shift), cph) for cph in range(g.sw)]
-                    vlo, vend = _pack_blocks(g, bounds)
-
-                    def block(q: ir.Value) -> None:  # every phase from one load of sw*8 columns
-                        wide = load_vec(b, gep(b, srow, b.sub(mul(b, q, i64(g.sw)), i64(g.pl))), g.sw * PACK_LANES)
-                        for cph, dph in enumerate(dphs):
-                            picked = b.shuffle_vector(wide, ir.Constant(wide.type, None),
-                                                      ir.Constant(ir.VectorType(ir.IntType(32), PACK_LANES),
-                                                                  [i * g.sw + cph for i in range(PACK_LANES)]))
-                            store_vec(b, picked, gep(b, dph, q))
-
-                    if vend > vlo:
-                        full = vlo + (vend - vlo) // PACK_LANES * PACK_LANES
-                        with _loop(b, i64(vlo), i64(full), step=PACK_LANES, name="cpv") as q:
-                            block(q)
-                        if full < vend:  # the tail as one more block, overlapping the last
-                            block(i64(vend - PACK_LANES))
-                    for cph, ((lo, hi), dph) in enumerate(zip(bounds, dphs, strict=True)):
-                        zero_fill(dph, i64(0), i64(lo), "zl")
-                        for a, z in ((lo, vlo), (vend, hi)) if vend > vlo else ((lo, hi),):
-                            with for_range(b, i64(a), i64(z), name="cp") as q:  # unit stride: a memcpy
-                                col = add(b, mul(b, q, i64(g.sw)), i64(cph - g.pl))
-                                b.store(b.load(gep(b, srow, col)), gep(b, dph, q))
-                        zero_fill(dph, i64(hi), i64(p.wq), "zr")
+                    if g.sw == 1:
+                        unit_row(row(dst, b.sub(pr, shift), 0), srow)
+                    else:
+                        strided_row([row(dst, b.sub(pr, shift), cph) for cph in range(g.sw)], srow)
     b.ret_void()
     return fn
 
