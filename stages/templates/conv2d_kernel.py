@@ -1,4 +1,5 @@
-"""LLVM IR of the direct conv2d: an optional input pack phase, then register-tiled micro-kernels.
+"""LLVM IR of the direct conv2d: an input pack (a phase of its own, or inside the compute loop),
+then register-tiled micro-kernels.
 
 Vectors run along the output width (so activations stay NCHW and the output is stored as it is,
 no layout transform): a register tile holds `mr` output channels x `rh` output rows x `nw`
@@ -7,9 +8,11 @@ input vectors, like a GEMM micro-kernel whose A panel is the packed weights. Wit
 lanes hold output channels instead (weight vectors, input pixels broadcast, as NCHWc kernels do)
 and each `vw x vw` block is transposed in registers before the epilogue, so Y stays NCHW.
 
-The pack phase writes the zero-padded input split into stride phases along both axes,
+The pack writes the zero-padded input split into stride phases along both axes,
 `Xp[n][c][rph][cph][r][q] = Xpad[n][c][r*sh + rph][q*sw + cph]`, so every window tap reads the
 same `oh*wq + ow` grid at a constant offset: a unit-stride vector for any stride and dilation.
+Row-tile schedules pack inside the compute loop (the rows each tile is first to read, or, past
+L2, each tile's rows into a stack slab); the others run a separate parallel pack phase first.
 With `flat`, the tile runs along that grid as one axis (output rows `wq` apart, the `wq - ow`
 padding columns computed and never stored), so narrow layers (28 wide) fill whole vectors.
 A 1x1, stride-1, unpadded conv skips the pack: its grid is the image itself (`wq == ow`), so
