@@ -93,13 +93,16 @@ class Plan:
     @property
     def hq(self) -> int:
         """Rows of one stride phase of a packed input plane (of the slab's plane, with a slab)."""
-        if self.slab:
-            return -(-self.span // self.g.sh)
-        return self.hq_image
+        return self.hq_slab if self.slab else self.hq_image
 
     @property
     def hq_image(self) -> int:
         return -(-(self.g.h + self.g.pt + self.g.pb) // self.g.sh)
+
+    @property
+    def hq_slab(self) -> int:
+        """Rows per stride phase that one row tile's `span` padded rows fill."""
+        return -(-self.span // self.g.sh)
 
     @property
     def span(self) -> int:
@@ -177,7 +180,7 @@ class Plan:
             return False
         g = self.g
         per_row = 4 * g.c * g.sw * self.wq
-        return per_row * g.sh * self.hq_image > SLAB_MIN_BYTES >= per_row * g.sh * -(-self.span // g.sh)
+        return per_row * g.sh * self.hq_image > SLAB_MIN_BYTES >= per_row * g.sh * self.hq_slab
 
     @property
     def slab_floats(self) -> int:
@@ -303,7 +306,8 @@ def _emit_pack_rows(mod: ir.Module, p: Plan) -> ir.Function:
         """A stride-1 padded row (or, without `srow`, a row of zeros) in vectors of 16 with constant
         masks at the edges: zeros, the input row (read at column q - pl), zeros; no per-element
         loops, no run-time alias checks."""
-        lo, hi = min(p.wq, g.pl), min(p.wq, g.pl + g.w) if srow is not None else g.pl
+        lo = min(p.wq, g.pl)
+        hi = lo if srow is None else min(p.wq, g.pl + g.w)  # input columns land in [lo, hi)
         blocks = range(0, p.wq, ROW_LANES)
         inner = [q for q in blocks if lo <= q and q + ROW_LANES <= min(hi, p.wq)]
         edge = [q for q in blocks if q not in inner]
@@ -424,26 +428,24 @@ class _Conv:
             x = ws if p.workspace else ptrs[0]
         self.b, self.x, self.w, self.epi, self.y = b, x, ptrs[1], ptrs[2:2 + self.n_epi], ptrs[-1]
         outer = _outer(p)
-        if p.pack_rows:  # (image, padded rows packed so far) of this range
+        if p.pack_rows and not p.slab:  # (image, padded rows packed so far) of this range
             image, packed = b.alloca(I64), b.alloca(I64)
             b.store(i64(-1), image)
         with _loop(b, fn.args[1], fn.args[2], name="item") as item:
             n = b.udiv(item, i64(outer))
             o = b.urem(item, i64(outer))
+            planes = (mul(b, n, i64(g.c)), mul(b, add(b, n, i64(1)), i64(g.c)))  # the image's input planes
+            first = mul(b, o, i64(p.rh * g.sh))  # the tile's first padded row
             if pack is not None and p.slab:
-                first = mul(b, o, i64(p.rh * g.sh))
-                b.call(pack, [fn.args[0], mul(b, n, i64(g.c)), mul(b, add(b, n, i64(1)), i64(g.c)),
-                              first, add(b, first, i64(p.span)), x, first])
+                b.call(pack, [fn.args[0], *planes, first, add(b, first, i64(p.span)), x, first])
             elif pack is not None and p.pack_rows:
                 with b.if_then(b.icmp_signed("!=", b.load(image), n)):
                     b.store(n, image)
-                    b.store(mul(b, o, i64(p.rh * g.sh)), packed)
-                last_row = add(b, mul(b, add(b, mul(b, o, i64(p.rh)), i64(p.rh - 1)), i64(g.sh)),
-                               i64((g.kh - 1) * g.dh + 1))
-                need = smin(b, last_row, i64(p.hq * g.sh))
+                    b.store(first, packed)
+                need = smin(b, add(b, first, i64(p.span)), i64(p.hq * g.sh))
                 with b.if_then(b.icmp_signed("<", b.load(packed), need)):
-                    b.call(pack, [fn.args[0], mul(b, n, i64(g.c)), mul(b, add(b, n, i64(1)), i64(g.c)),
-                                  b.load(packed), need, gep(b, ws, mul(b, n, i64(g.c * p.plane))), i64(0)])
+                    b.call(pack, [fn.args[0], *planes, b.load(packed), need,
+                                  gep(b, ws, mul(b, n, i64(g.c * p.plane))), i64(0)])
                     b.store(need, packed)
             elif pack is not None:
                 oc0 = mul(b, o, i64(p.ocn * p.mr))
