@@ -93,6 +93,22 @@ def test_conv_features_see_the_flat_grid_and_the_lane_axis(host):
     assert f["grid_waste"][0] == pytest.approx((848 - 784) / 784) and f["grid_waste"][1] == 0
 
 
+def test_conv_features_count_channel_vector_tiles_as_the_kernel_splits_them(host):
+    """28 columns: column tiles waste 4 of 32 lanes; channel-vector tiles are 2 x 14 (Plan.tile_w)."""
+    from stages.cost_model.features import conv2d_features
+    from stages.templates import TEMPLATES, conv2d
+
+    task = TEMPLATES["conv2d"].task_from_cli({"input": "1x32x28x28", "weight": "32x32x3x3", "pad": "1"})
+    base = {"vw": 16, "mr": 16, "nw": 1, "rh": 2, "icb": 32, "uk": 1, "ocn": 1, "unroll": 0, "order": "chw",
+            "par": "oh", "flat": 0}
+    knobs = [{**base, "axis": "oc"}, {**base, "axis": "w", "mr": 8}]
+    f = conv2d_features(task, host, 1, knob_columns(knobs))
+    assert conv2d.plan(task, knobs[0]).tile_w == 14
+    assert list(f["tile_outputs"]) == [16 * 2 * 14, 8 * 2 * 16]
+    assert f["ow_waste"][0] == 0 and f["ow_waste"][1] == pytest.approx(4 / 28)
+    assert f["regs_use"][0] == pytest.approx((2 * 14 + 1 + 1) / host.vector_registers)
+
+
 def test_gemm_features_read_shapes_from_the_output_and_flops(host):
     from stages.templates import TEMPLATES
 
