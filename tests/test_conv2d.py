@@ -51,7 +51,8 @@ def conv_cases(draw):
     sh, sw = draw(st.integers(1, 3)), draw(st.integers(1, 3))
     dh, dw = draw(st.integers(1, 2)), draw(st.integers(1, 2))
     pads = tuple(draw(st.integers(0, 3)) for _ in range(4))
-    h = draw(st.integers(max(1, dh * (kh - 1) + 1 - pads[0] - pads[2]), 12))
+    h_min = max(1, dh * (kh - 1) + 1 - pads[0] - pads[2])  # a dilated 7-tall window needs 13 rows
+    h = draw(st.integers(h_min, max(h_min, 12)))
     w = draw(st.integers(max(1, dw * (kw - 1) + 1 - pads[1] - pads[3]), 40))
     n = draw(st.integers(1, 2))
     chain = parse_epilogue(draw(st.sampled_from(CHAINS)))
@@ -167,8 +168,8 @@ def test_channel_vector_tiles_split_the_row_evenly_and_compute_only_their_pixels
                           ((3, 4, 9, 10), 1, (2, 2), (0, 0, 0, 0), 1, 2),
                           ((1, 6, 12, 19), 5, (1, 1), (2, 2, 2, 2), 3, 1)])
 def test_row_tiles_pack_the_rows_they_read_without_a_pack_phase(shape, kernel, stride, pads, rh, threads):
-    """Items are (image, row tile): each packs the padded rows it is first to need, across image
-    boundaries inside one thread's range and with halo rows packed by both threads."""
+    """Segments are (image, row tile): a thread's range packs, into a buffer on its own stack, the
+    padded rows it is first to need, across image boundaries, halo rows again in each thread."""
     task = conv2d.conv2d_task(shape, (7, shape[1], kernel, kernel), stride, pads, (1, 1), 1,
                               parse_epilogue("bias,relu"))
     knobs = {**conv2d.default_config(task, HOST).knobs, "axis": "w", "vw": 8, "mr": 4, "nw": 1, "rh": rh,
@@ -178,6 +179,26 @@ def test_row_tiles_pack_the_rows_they_read_without_a_pack_phase(shape, kernel, s
     assert '@"tf_pack_rows"' in ir_text and '@"tf_pack"' not in ir_text
     inputs = conv2d.make_inputs(task)
     assert_matches(task, run(task, knobs, inputs, threads), conv2d.reference(task, inputs))
+
+
+@pytest.mark.parametrize("shape,weight,groups,knobs,items", [
+    ((2, 64, 8, 8), (64, 64, 3, 3), 1, {"axis": "oc", "vw": 16, "mr": 16, "rh": 3, "par": "oh", "ocn": 4}, 2 * 3 * 4),
+    ((1, 64, 8, 8), (64, 64, 3, 3), 1, {"axis": "w", "vw": 8, "mr": 3, "rh": 4, "par": "oc", "ocn": 8}, 22),
+    ((1, 8, 9, 9), (8, 2, 3, 3), 4, {"axis": "w", "vw": 8, "mr": 1, "rh": 1, "par": "oc", "ocn": 2, "icb": 2}, 8)])
+def test_threads_split_channel_tiles_not_blocks(shape, weight, groups, knobs, items):
+    """The parallel items are single channel tiles of a segment, so 3 row tiles x 4 channel tiles split
+    6 + 6 on two threads (they were 1 + 2 row tiles), 22 tiles in blocks of 8 split 11 + 11 (not 8 + 14),
+    and a range may start inside a group (3 threads: tiles [5, 8) of 2-channel groups), whose planes
+    both threads then pack."""
+    task = conv2d.conv2d_task(shape, weight, (1, 1), (1, 1, 1, 1), (1, 1), groups, parse_epilogue("bias,relu"))
+    knobs = {**conv2d.default_config(task, HOST).knobs, "nw": 1, "flat": 0, "icb": weight[1], "unroll": 0, "uk": 1,
+             **knobs}
+    assert conv2d.space(task, HOST).reason(knobs) is None
+    assert f"i64 {items}, i64 2)" in str(conv2d.build_ir(task, knobs, HOST, 2))  # tf_parallel_for(.., extent, threads)
+    inputs = conv2d.make_inputs(task)
+    ref = conv2d.reference(task, inputs)
+    for threads in (2, 3):
+        assert_matches(task, run(task, knobs, inputs, threads), ref)
 
 
 @pytest.mark.parametrize("axis,threads", [("oc", 2), ("w", 1)])
@@ -190,7 +211,7 @@ def test_row_tiles_of_a_large_image_pack_into_a_stack_slab(axis, threads):
              "nw": 1, "rh": 2, "flat": 0, "par": "oh", "icb": 64, "ocn": 1, "unroll": 0, "uk": 1}
     assert conv2d.space(task, HOST).reason(knobs) is None
     plan = conv2d.plan(task, knobs)
-    assert plan.slab and plan.workspace == 0 and plan.slab_floats * 4 < 1 << 20
+    assert plan.slab and plan.workspace == 0 and plan.stack_floats * 4 < 1 << 20
     inputs = conv2d.make_inputs(task)
     assert len(conv2d.kernel_args(task, knobs, inputs)) == 4  # X, W, bias, Y: no packed-input buffer
     assert_matches(task, run(task, knobs, inputs, threads), conv2d.reference(task, inputs))
@@ -268,8 +289,11 @@ def test_the_1x1_path_reads_the_image_in_place_and_other_convs_pack_it():
     knobs = conv2d.default_config(gemm, HOST).knobs
     assert len(conv2d.kernel_args(gemm, knobs, conv2d.make_inputs(gemm))) == 3  # X, W panels, Y
     padded = conv2d.conv2d_task((1, 16, 7, 7), (32, 16, 1, 1), pads=(1, 1, 1, 1))
-    args = conv2d.kernel_args(padded, conv2d.default_config(padded, HOST).knobs, conv2d.make_inputs(padded))
+    knobs = {**conv2d.default_config(padded, HOST).knobs, "par": "oc"}  # a pack phase into the workspace
+    args = conv2d.kernel_args(padded, knobs, conv2d.make_inputs(padded))
     assert len(args) == 4 and args[2].size >= 16 * 9 * 9
+    rows = conv2d.plan(padded, {**knobs, "par": "oh"})  # row tiles pack on their own stack instead
+    assert rows.pack_rows and rows.workspace == 0 and rows.stack_floats >= 16 * 9 * 9
 
 
 def test_weights_are_packed_once_into_tile_panels():

@@ -91,7 +91,7 @@ def conv2d_features(task: TuningTask, target: Target, threads: int, v: Columns) 
     """Direct conv: `mr` output channels x `rh` rows x `nw` vectors of `vw` output columns per
     register tile (`flat`: along the packed grid; `axis=oc`: lanes on channels), input channels in
     blocks of `icb` (K unrolled by `uk`), the window loops unrolled or not, `ocn` channel tiles per
-    parallel chunk, threads over channels or rows."""
+    block, threads over the channel tiles of the image or of each row tile."""
     (_, c, _, _), (oc, icg, kh, kw) = task.inputs[0].shape, task.inputs[1].shape
     _, _, oh, ow = task.outputs[0].shape
     sh, sw = task.attrs.get("strides", (1, 1))
@@ -109,7 +109,8 @@ def conv2d_features(task: TuningTask, target: Target, threads: int, v: Columns) 
     icb_eff = np.minimum(icb, icg)
     oc_tiles = _cdiv(oc, mr)
     row_tiles = _cdiv(oh, rh)
-    chunks = np.where(par_oc, _cdiv(oc_tiles, ocn), row_tiles)
+    grid_tiles = np.where(flat, _cdiv(extent, cols), row_tiles)
+    chunks = oc_tiles * np.where(par_oc, 1, grid_tiles)  # threads split single channel tiles of a segment
     window = np.select([unroll == 2, unroll == 1], [kh * kw, kw], 1)
     f = 4.0
     w_block = mr * icb_eff * kh * kw * f

@@ -22,7 +22,8 @@ from stages.templates.conv2d_shape import reference as _reference
 from stages.templates.space import ConfigSpace, Knob, Knobs
 
 NAME = "conv2d"
-VERSION = 4  # 2: input packed in 2-D stride phases, knob `flat`; 3: knob `axis`; 4: equal channel-vector tiles
+VERSION = 5  # 2: input packed in 2-D stride phases, knob `flat`; 3: knob `axis`; 4: equal channel-vector tiles;
+# 5: threads split channel tiles, not blocks of `ocn` (or row tiles): any layer splits evenly within a tile
 
 VW = (4, 8, 16)
 MR = (1, 2, 3, 4, 5, 6, 7, 8, 10, 12, 14, 16, 24, 32, 48, 64)  # 32-64: channel vectors on narrow tiles

@@ -11,8 +11,9 @@ and each `vw x vw` block is transposed in registers before the epilogue, so Y st
 The pack writes the zero-padded input split into stride phases along both axes,
 `Xp[n][c][rph][cph][r][q] = Xpad[n][c][r*sh + rph][q*sw + cph]`, so every window tap reads the
 same `oh*wq + ow` grid at a constant offset: a unit-stride vector for any stride and dilation.
-Row-tile schedules pack inside the compute loop (the rows each tile is first to read, or, past
-L2, each tile's rows into a stack slab); the others run a separate parallel pack phase first.
+Row-tile schedules pack inside the compute loop, on each thread's stack (the rows its range is
+first to read, or, past L2, each tile's rows into a slab); the others run a separate parallel pack
+phase first. Threads split single output-channel tiles, so any layer splits evenly within a tile.
 With `flat`, the tile runs along that grid as one axis (output rows `wq` apart, the `wq - ow`
 padding columns computed and never stored), so narrow layers (28 wide) fill whole vectors.
 A 1x1, stride-1, unpadded conv skips the pack: its grid is the image itself (`wq == ow`), so
@@ -166,8 +167,9 @@ class Plan:
 
     @property
     def workspace(self) -> int:
-        """Floats of the packed-input buffer (0 when X is read in place or packed into a slab)."""
-        if self.gemm or self.slab:
+        """Floats of the shared packed-input buffer (0 when X is read in place or each range packs
+        its own rows on its stack)."""
+        if self.gemm or self.pack_rows:
             return 0
         return self.g.n * self.g.c * self.plane + self._slack(-(-self.out_h // self.rh) * self.rh)
 
@@ -183,8 +185,9 @@ class Plan:
         return per_row * g.sh * self.hq_image > SLAB_MIN_BYTES >= per_row * g.sh * self.hq_slab
 
     @property
-    def slab_floats(self) -> int:
-        return self.g.c * self.plane + self._slack(self.rh)
+    def stack_floats(self) -> int:
+        """Floats of a range's private packed image (or slab): one image's planes and the edge slack."""
+        return self.g.c * self.plane + self._slack(self.rh if self.slab else -(-self.out_h // self.rh) * self.rh)
 
     def _slack(self, rows: int) -> int:
         """Floats past the last plane that the masked-off rows and grid columns of its edge tiles read."""
@@ -200,16 +203,18 @@ class Plan:
 
     @property
     def pack_in_item(self) -> bool:
-        """Each parallel item owns whole groups (depthwise, grouped convs split by channel blocks), so it
+        """Channel blocks hold whole groups (depthwise, grouped convs split by channels), so each block
         packs its own input planes right before using them: no separate pack phase, and they are hot."""
         return not self.gemm and self.par == "oc" and self.g.groups > 1 and (self.ocn * self.mr) % self.g.ocg == 0
 
     @property
     def pack_rows(self) -> bool:
-        """Items are output row tiles: each packs the input rows it is first to need, right before
-        computing them, so no separate pack phase (one barrier less per call at 2+ threads), rows
-        are packed by the thread that reads them (and, after a conv split the same way, wrote
-        them), and are hot in cache. Chunk boundaries pack their halo rows twice, identically."""
+        """Segments are output row tiles: a thread's range packs the input rows it is first to need,
+        right before computing them, into a buffer on its own stack: no separate pack phase (one
+        barrier less per call at 2+ threads), rows packed by the core that reads them (and, after a
+        conv split the same way, wrote them), hot in cache, and no packed line written by two cores
+        (a shared buffer's halo rows, rewritten by the next thread while this one read them, cost
+        the 8x8 layers up to 2x). Each range packs its halo rows itself."""
         return not self.gemm and not self.pack_in_item and self.par == "oh" and not self.flat
 
     @property
@@ -238,7 +243,7 @@ def build(mod: ir.Module, p: Plan, ops: tuple[EpilogueOp, ...], threads: int) ->
     n_epi = len(epilogue.operands(ops))
     rows = None if p.gemm else _emit_pack_rows(mod, p)
     conv = _Conv(p, ops, n_epi).emit(mod, rows if p.pack_in_item or p.pack_rows else None)
-    phases = [emit_main(mod, conv, p.g.n * _outer(p), threads, name="tf_conv")]
+    phases = [emit_main(mod, conv, p.g.n * _segments(p) * p.tiles, threads, name="tf_conv")]
     if rows is not None and not (p.pack_in_item or p.pack_rows):
         pack = _emit_pack_planes(mod, p, rows, ws_slot=2 + n_epi)
         phases.insert(0, emit_main(mod, pack, p.g.n * p.g.c, threads, name="tf_pack"))
@@ -265,10 +270,10 @@ def _loop(b: ir.IRBuilder, start: ir.Value, stop: ir.Value, step: int = 1, name:
     idx.incomings[-1][1].terminator.set_metadata("llvm.loop", loop_id)
 
 
-def _outer(p: Plan) -> int:
-    """Parallel items per image: blocks of `ocn` channel tiles, or row tiles (column tiles when flat)."""
+def _segments(p: Plan) -> int:
+    """Segments per image: the image itself (par=oc), or its row tiles (column tiles of the grid when flat)."""
     if p.par == "oc":
-        return -(-p.tiles // p.ocn)
+        return 1
     if p.flat:
         return p.w_tiles
     return -(-p.out_h // p.rh)
@@ -421,21 +426,29 @@ class _Conv:
         fn, b = _range_fn(mod, "tf_conv_range")
         ptrs = _args(b, fn, 3 + self.n_epi + (1 if p.workspace else 0))
         ws = ptrs[-2] if p.workspace else None
-        if p.slab:
-            x = b.alloca(F32, size=i64(p.slab_floats))
+        if p.pack_rows:  # this range's own packed rows: no cache line is written by two threads
+            x = b.alloca(F32, size=i64(p.stack_floats))
             x.align = 64
         else:
             x = ws if p.workspace else ptrs[0]
         self.b, self.x, self.w, self.epi, self.y = b, x, ptrs[1], ptrs[2:2 + self.n_epi], ptrs[-1]
-        outer = _outer(p)
+        segments, tiles = _segments(p), p.tiles
         if p.pack_rows and not p.slab:  # (image, padded rows packed so far) of this range
             image, packed = b.alloca(I64), b.alloca(I64)
             b.store(i64(-1), image)
-        with _loop(b, fn.args[1], fn.args[2], name="item") as item:
-            n = b.udiv(item, i64(outer))
-            o = b.urem(item, i64(outer))
+        begin, end = fn.args[1], fn.args[2]
+        # Items are single channel tiles of a segment (an image for par=oc, a row or grid-column tile
+        # of one for par=oh), so two threads split any layer within a tile; a range walks each of its
+        # segments' tiles in blocks of `ocn`, as one thread would.
+        with _loop(b, b.udiv(begin, i64(tiles)), b.udiv(add(b, end, i64(tiles - 1)), i64(tiles)),
+                   name="segment") as seg:
+            base = mul(b, seg, i64(tiles))
+            t_lo = b.select(b.icmp_signed("<", begin, base), i64(0), b.sub(begin, base))
+            t_hi = smin(b, b.sub(end, base), i64(tiles))
+            n = b.udiv(seg, i64(segments))
+            o = b.urem(seg, i64(segments))
             planes = (mul(b, n, i64(g.c)), mul(b, add(b, n, i64(1)), i64(g.c)))  # the image's input planes
-            first = mul(b, o, i64(p.rh * g.sh))  # the tile's first padded row
+            first = mul(b, o, i64(p.rh * g.sh))  # the row tile's first padded row
             if pack is not None and p.slab:
                 b.call(pack, [fn.args[0], *planes, first, add(b, first, i64(p.span)), x, first])
             elif pack is not None and p.pack_rows:
@@ -444,38 +457,42 @@ class _Conv:
                     b.store(first, packed)
                 need = smin(b, add(b, first, i64(p.span)), i64(p.hq * g.sh))
                 with b.if_then(b.icmp_signed("<", b.load(packed), need)):
-                    b.call(pack, [fn.args[0], *planes, b.load(packed), need,
-                                  gep(b, ws, mul(b, n, i64(g.c * p.plane))), i64(0)])
+                    b.call(pack, [fn.args[0], *planes, b.load(packed), need, x, i64(0)])
                     b.store(need, packed)
-            elif pack is not None:
-                oc0 = mul(b, o, i64(p.ocn * p.mr))
-                oc1 = smin(b, add(b, oc0, i64(p.ocn * p.mr)), i64(g.oc))
-                base = mul(b, n, i64(g.c))
-                c0 = add(b, base, mul(b, b.udiv(oc0, i64(g.ocg)), i64(g.icg)))
-                c1 = add(b, base, mul(b, b.udiv(oc1, i64(g.ocg)), i64(g.icg)))
-                b.call(pack, [fn.args[0], c0, c1, i64(0), i64(p.hq * g.sh), gep(b, ws, mul(b, c0, i64(p.plane))),
-                              i64(0)])
-            if p.par == "oc":
-                with _loop(b, i64(0), i64(p.ic_blocks), name="icb") as kb:
-                    with _loop(b, i64(0), i64(self.h_tiles), name="ht") as ht:
-                        self._w_loop(n, o, kb, ht)
-            else:
-                with _loop(b, i64(0), i64(-(-p.tiles // p.ocn)), name="ob") as ob:
+            with _loop(b, t_lo, t_hi, step=p.ocn, name="block") as t0:
+                block = (t0, smin(b, add(b, t0, i64(p.ocn)), t_hi))
+                if pack is not None and p.pack_in_item:
+                    self._pack_groups(pack, fn.args[0], n, block, ws)
+                if p.par == "oc":
+                    with _loop(b, i64(0), i64(p.ic_blocks), name="icb") as kb:
+                        with _loop(b, i64(0), i64(self.h_tiles), name="ht") as ht:
+                            self._w_loop(n, block, kb, ht)
+                else:
                     with _loop(b, i64(0), i64(p.ic_blocks), name="icb") as kb:
                         if p.flat:
-                            self._w_loop(n, ob, kb, i64(0), (o, add(b, o, i64(1))))
+                            self._w_loop(n, block, kb, i64(0), (o, add(b, o, i64(1))))
                         else:
-                            self._w_loop(n, ob, kb, o)
+                            self._w_loop(n, block, kb, o)
         b.ret_void()
         return fn
 
-    def _w_loop(self, n: ir.Value, ob: ir.Value, kb: ir.Value, ht: ir.Value,
+    def _pack_groups(self, pack: ir.Function, args: ir.Value, n: ir.Value, block: tuple[ir.Value, ir.Value],
+                     ws: ir.Value) -> None:
+        """Pack the input planes of every group the block's channels touch (a range may start inside a
+        group: both threads then pack its planes, identically)."""
+        p, g, b = self.p, self.p.g, self.b
+        oc0 = mul(b, block[0], i64(p.mr))
+        oc1 = smin(b, mul(b, block[1], i64(p.mr)), i64(g.oc))
+        base = mul(b, n, i64(g.c))
+        c0 = add(b, base, mul(b, b.udiv(oc0, i64(g.ocg)), i64(g.icg)))
+        c1 = add(b, base, mul(b, b.udiv(add(b, oc1, i64(g.ocg - 1)), i64(g.ocg)), i64(g.icg)))
+        b.call(pack, [args, c0, c1, i64(0), i64(p.hq * g.sh), gep(b, ws, mul(b, c0, i64(p.plane))), i64(0)])
+
+    def _w_loop(self, n: ir.Value, block: tuple[ir.Value, ir.Value], kb: ir.Value, ht: ir.Value,
                 wts: tuple[ir.Value, ir.Value] | None = None) -> None:
-        p, b = self.p, self.b
-        t0 = mul(b, ob, i64(p.ocn))
-        t1 = smin(b, add(b, t0, i64(p.ocn)), i64(p.tiles))
+        b = self.b
         with _loop(b, *(wts or (i64(0), i64(self.w_tiles))), name="wt") as wt:
-            with _loop(b, t0, t1, name="t") as t:
+            with _loop(b, *block, name="t") as t:
                 self._dispatch(n, t, kb, ht, wt)
 
     def _edge(self, idx: ir.Value, count: int, full: int, extent: int) -> ir.Value:
@@ -497,6 +514,8 @@ class _Conv:
         ow0 = mul(b, wt, i64(self.tile_w))
         if p.slab:  # the slab holds this image's planes from the tile's first row on
             xoff = add(b, mul(b, b.sub(ch, mul(b, n, i64(g.c))), i64(p.plane)), ow0)
+        elif p.pack_rows:  # the range's buffer holds one image's planes
+            xoff = add(b, mul(b, b.sub(ch, mul(b, n, i64(g.c))), i64(p.plane)), add(b, mul(b, oh0, i64(p.wq)), ow0))
         else:
             xoff = add(b, mul(b, ch, i64(p.plane)), add(b, mul(b, oh0, i64(p.wq)), ow0))
         kb_off = mul(b, kb, i64(p.icb * g.kh * g.kw * p.mr))
