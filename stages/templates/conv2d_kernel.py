@@ -213,8 +213,8 @@ class Plan:
         right before computing them, into a buffer on its own stack: no separate pack phase (one
         barrier less per call at 2+ threads), rows packed by the core that reads them (and, after a
         conv split the same way, wrote them), hot in cache, and no packed line written by two cores
-        (a shared buffer's halo rows, rewritten by the next thread while this one read them, cost
-        the 8x8 layers up to 2x). Each range packs its halo rows itself."""
+        (a shared buffer's halo rows were rewritten by the next thread while this one read them).
+        Each range packs its halo rows itself."""
         return not self.gemm and not self.pack_in_item and self.par == "oh" and not self.flat
 
     @property
