@@ -3,8 +3,9 @@
 Per model and thread count: tune every task under the stated global trial budget (gradient task
 scheduler, lgbm tuner; logs kept in --logs so a rerun resumes), build the tuned library and the
 default-schedule library, check both against onnxruntime (rtol 1e-3), then time the three
-interleaved (median of 5 rounds x 40 calls each). Also: the CNN's build time without tuning, and
-the ONNX backend conformance counts. Writes the `models` section of benchmarks/RESULTS.md.
+interleaved (median of 5 rounds x 40 calls each) in this process, which never ran the tuner.
+Also: the CNN's build time without tuning, and the ONNX backend conformance counts. Writes the
+`models` section of benchmarks/RESULTS.md.
 
     flock /tmp/bench.lock .venv/bin/python benchmarks/models.py [--models cnn,mlp,transformer] [--threads 1,2]
 """
@@ -13,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import collections
+import multiprocessing as mp
 import platform
 import re
 import sys
@@ -50,7 +52,14 @@ def bench_model(name: str, threads: int, budget: int, logs: Path, target: Target
     options = TuningOptions(n_trials=budget, batch_size=8, tuner="lgbm", measure=MeasureOptions(threads=threads))
     before = len(TuningLog(log).records()) if log.exists() else 0
     start = time.perf_counter()
-    tune_tasks([t.task for t in tasks], [t.weight for t in tasks], target, options, TuningLog(log), budget)
+    # Tuning runs in a child process: the tuner's threads (LightGBM's OpenMP pool) end with it
+    # instead of sharing the cores with the latencies timed below.
+    child = mp.get_context("spawn").Process(target=tune_tasks, args=(
+        [t.task for t in tasks], [t.weight for t in tasks], target, options, TuningLog(log), budget))
+    child.start()
+    child.join()
+    if child.exitcode != 0:
+        raise RuntimeError(f"tuning {name} at {threads} thread(s) failed (exit code {child.exitcode})")
     tune_s = time.perf_counter() - start
     new_records = len(TuningLog(log).records()) - before
     work = Path(tempfile.mkdtemp(prefix=f"tf-bench-{name}-"))

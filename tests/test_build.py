@@ -113,12 +113,14 @@ def test_every_generated_op_matches_the_reference(tmp_path, host):
 POOLS = [("MaxPool", dict(kernel_shape=[3, 3], strides=[2, 2], pads=[1, 1, 1, 1])),
          ("MaxPool", dict(kernel_shape=[2, 3], strides=[1, 2], pads=[0, 1, 1, 2], dilations=[2, 1], ceil_mode=1)),
          ("AveragePool", dict(kernel_shape=[3, 3], strides=[2, 2], pads=[1, 1, 1, 1], count_include_pad=0)),
-         ("AveragePool", dict(kernel_shape=[5, 2], strides=[3, 1], pads=[2, 0, 1, 1], count_include_pad=1))]
+         ("AveragePool", dict(kernel_shape=[5, 2], strides=[3, 1], pads=[2, 0, 1, 1], count_include_pad=1)),
+         ("MaxPool", dict(kernel_shape=[3, 4], strides=[2, 3], pads=[1, 1, 1, 2]))]
 
 
 @pytest.mark.parametrize("op,attrs", POOLS)
 def test_pools_split_over_the_worker_pool_match_the_reference(tmp_path, host, op, attrs):
-    """Output rows split over two threads; borders, dilation, ceil mode and pad counting."""
+    """Output rows split over two threads; borders, dilation, ceil mode and pad counting; column strides
+    1, 2 and 3 (16 outputs per vector: 1, 2 or 3 loads a tap, shuffled; a partial last vector)."""
     g = _G(x=_const((2, 6, 64, 70)))
     graph = g.graph([g.add(op, ["x"], **attrs)])
     build_library(graph, host, tmp_path / "lib", threads=2)
