@@ -120,7 +120,7 @@ POOLS = [("MaxPool", dict(kernel_shape=[3, 3], strides=[2, 2], pads=[1, 1, 1, 1]
 @pytest.mark.parametrize("op,attrs", POOLS)
 def test_pools_split_over_the_worker_pool_match_the_reference(tmp_path, host, op, attrs):
     """Output rows split over two threads; borders, dilation, ceil mode and pad counting; column strides
-    1, 2 and 3 (16 outputs per vector: 1, 2 or 3 loads a tap, shuffled; a partial last vector)."""
+    1, 2 and 3."""
     g = _G(x=_const((2, 6, 64, 70)))
     graph = g.graph([g.add(op, ["x"], **attrs)])
     build_library(graph, host, tmp_path / "lib", threads=2)

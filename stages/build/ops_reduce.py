@@ -22,7 +22,7 @@ from stages.build.loops import (
     select_min,
 )
 from stages.build.opctx import OpCtx
-from stages.codegen.irb import F32, I1, I32, I64, add, for_range, gep, i64, load_vec, mul, splat, store_vec
+from stages.codegen.irb import F32, I1, I64, add, for_range, gep, i64, mul
 from stages.templates.epilogue import _exp as exp_f32  # the shared inline expf (vectorisable)
 
 _INIT = {"sum": 0.0, "mean": 0.0, "max": -math.inf, "min": math.inf}
@@ -187,31 +187,13 @@ def _pool(kind: str) -> Callable[[OpCtx], None]:
 
 
 POOL_ITEM_FLOATS = 16384  # input floats per thread below which a pool runs on one thread
-POOL_LANES = 16  # outputs per vector of the column pass
-
-
-def _strided_lanes(b: ir.IRBuilder, vectors: list[ir.Value], stride: int) -> ir.Value:
-    """Lane l = element `stride * l` of the concatenated `vectors` (of POOL_LANES each): the window taps
-    of POOL_LANES neighbouring outputs, gathered by shuffles instead of scalar loads."""
-    n = POOL_LANES
-    src = [stride * lane for lane in range(n)]
-    if len(vectors) == 1:
-        return vectors[0]
-    mask = [x if x < 2 * n else 0 for x in src]
-    out = b.shuffle_vector(vectors[0], vectors[1], ir.Constant(ir.VectorType(I32, n), mask))
-    for k, v in enumerate(vectors[2:], start=2):
-        mask = [n + x - k * n if k * n <= x < (k + 1) * n else lane for lane, x in enumerate(src)]
-        out = b.shuffle_vector(out, v, ir.Constant(ir.VectorType(I32, n), mask))
-    return out
 
 
 def _emit_pool(ctx, kind, sp, osp, k, s, d, pb, pe, include_pad) -> None:
     """Separable, one output row at a time: the window's input rows are combined column by column
     into a row buffer (unit stride, vectorised), then each output combines its window's columns of
     that buffer, so a k x k window costs k + k operations per output instead of k*k. Rows and
-    columns whose window lies inside the input run branch-free; the border checks bounds. Inside,
-    16 outputs at a time: each tap loads `stride` vectors of the row buffer and shuffles out every
-    stride-th lane (the last group stores only its valid lanes). Output
+    columns whose window lies inside the input run branch-free; the border checks bounds. Output
     rows are split over the worker pool, as the convs around a pool split theirs (`par=oh`), so a
     thread mostly reads rows its own core wrote."""
     if len(sp) != 2:
@@ -225,8 +207,7 @@ def _emit_pool(ctx, kind, sp, osp, k, s, d, pb, pe, include_pad) -> None:
     init = f32(-math.inf if kind == "max" else 0.0)
     with ctx.parallel(oh_n, min_items=-(-POOL_ITEM_FLOATS // (nc * w * s[0]))) as oh:
         b, x, y = ctx.b, ctx.inp(), ctx.out()
-        # slack past the row: the taps' last vectors overrun it by up to s*16 + window floats, in unused lanes
-        row, acc, cnt = ctx.buffer(w + (POOL_LANES + 1) * s[1] + (k[1] - 1) * d[1]), ctx.local(), ctx.local()
+        row, acc, cnt = ctx.buffer(w), ctx.local(), ctx.local()
         with for_range(b, i64(0), i64(nc), name="plane") as c:
             in_base = mul(b, c, i64(h * w))
             top = b.sub(mul(b, oh, i64(s[0])), i64(pb[0]))
@@ -258,17 +239,13 @@ def _emit_pool(ctx, kind, sp, osp, k, s, d, pb, pe, include_pad) -> None:
                             for r in taps]
             rows_n = b.uitofp(functools.reduce(b.add, [b.zext(v, I64) for v in rows_counted]), F32)
 
-            def fast(ow: ir.Value, valid: int) -> None:
+            def fast(ow: ir.Value) -> None:
                 left = b.sub(mul(b, ow, i64(s[1])), i64(pb[1]))
                 total = None
                 for j in range(k[1]):
-                    start = add(b, left, i64(j * d[1]))
-                    v = _strided_lanes(b, [load_vec(b, gep(b, row, add(b, start, i64(q * POOL_LANES))), POOL_LANES)
-                                           for q in range(s[1])], s[1])
+                    v = _load(b, row, add(b, left, i64(j * d[1])))
                     total = v if total is None else combine(b, total, v)
-                if kind != "max":
-                    total = b.fdiv(total, splat(b, b.fmul(rows_n, f32(k[1])), POOL_LANES))
-                store_vec(b, total, gep(b, y, add(b, out_row, ow)), valid)
+                _store(b, total if kind == "max" else b.fdiv(total, b.fmul(rows_n, f32(k[1]))), y, add(b, out_row, ow))
 
             def slow(ow: ir.Value) -> None:
                 left = b.sub(mul(b, ow, i64(s[1])), i64(pb[1]))
@@ -284,16 +261,10 @@ def _emit_pool(ctx, kind, sp, osp, k, s, d, pb, pe, include_pad) -> None:
                 result = b.load(acc) if kind == "max" else b.fdiv(b.load(acc), b.fmul(rows_n, b.load(cnt)))
                 _store(b, result, y, add(b, out_row, ow))
 
-            full = (hi[1] - lo[1]) // POOL_LANES * POOL_LANES
-            for first, last, body in ((0, lo[1], slow), (hi[1], ow_n, slow)):
+            for first, last, body in ((0, lo[1], slow), (lo[1], hi[1], fast), (hi[1], ow_n, slow)):
                 if last > first:
                     with for_range(b, i64(first), i64(last), name="ow") as ow:
                         body(ow)
-            if full:
-                with for_range(b, i64(lo[1]), i64(lo[1] + full), POOL_LANES, name="ow") as ow:
-                    fast(ow, POOL_LANES)
-            if hi[1] > lo[1] + full:
-                fast(i64(lo[1] + full), hi[1] - lo[1] - full)
 
 
 def _within(b: ir.IRBuilder, coords, lo, hi) -> ir.Value:
