@@ -84,3 +84,17 @@ def test_top_k_are_remeasured_and_the_best_comes_from_the_remeasurement(tmp_path
     assert summary.best.result.median == min(r.result.median for r in again)
     resumed, _ = run_session_with_default(TASK, host, options, log)
     assert resumed.new_trials == 0 and len(log.records()) == 7
+
+
+def test_a_worker_whose_runner_closed_before_it_was_ready_exits_cleanly():
+    """A session with nothing left to measure closes its runner at once: the worker's READY then meets
+    a closed pipe, and it must end with exit code 0 instead of a BrokenPipeError traceback."""
+    import multiprocessing as mp
+
+    ctx = mp.get_context("spawn")
+    parent, child = ctx.Pipe()
+    parent.close()
+    proc = ctx.Process(target=worker.serve, args=(child,))
+    proc.start()
+    proc.join(60)
+    assert proc.exitcode == 0

@@ -115,7 +115,10 @@ def serve(conn: Connection) -> None:
     """
     threadpool_limits(limits=1)
     cache = _TaskData()
-    conn.send(READY)  # imports are done: the runner's timeouts start counting from here
+    try:
+        conn.send(READY)  # imports are done: the runner's timeouts start counting from here
+    except BrokenPipeError:
+        return  # the runner closed before we were up (a session with nothing left to measure)
     while True:
         try:
             req = conn.recv()
