@@ -171,7 +171,7 @@ class Plan:
         its own rows on its stack)."""
         if self.gemm or self.pack_rows:
             return 0
-        return self.g.n * self.g.c * self.plane + self._slack(-(-self.out_h // self.rh) * self.rh)
+        return self.g.n * self.g.c * self.plane + self._slack(self.tiled_rows)
 
     @property
     def slab(self) -> bool:
@@ -187,7 +187,12 @@ class Plan:
     @property
     def stack_floats(self) -> int:
         """Floats of a range's private packed image (or slab): one image's planes and the edge slack."""
-        return self.g.c * self.plane + self._slack(self.rh if self.slab else -(-self.out_h // self.rh) * self.rh)
+        return self.g.c * self.plane + self._slack(self.rh if self.slab else self.tiled_rows)
+
+    @property
+    def tiled_rows(self) -> int:
+        """Output rows the row tiles cover, the last tile's masked-off rows included."""
+        return -(-self.out_h // self.rh) * self.rh
 
     def _slack(self, rows: int) -> int:
         """Floats past the last plane that the masked-off rows and grid columns of its edge tiles read."""
@@ -463,16 +468,14 @@ class _Conv:
                 block = (t0, smin(b, add(b, t0, i64(p.ocn)), t_hi))
                 if pack is not None and p.pack_in_item:
                     self._pack_groups(pack, fn.args[0], n, block, ws)
-                if p.par == "oc":
-                    with _loop(b, i64(0), i64(p.ic_blocks), name="icb") as kb:
+                with _loop(b, i64(0), i64(p.ic_blocks), name="icb") as kb:
+                    if p.par == "oc":
                         with _loop(b, i64(0), i64(self.h_tiles), name="ht") as ht:
                             self._w_loop(n, block, kb, ht)
-                else:
-                    with _loop(b, i64(0), i64(p.ic_blocks), name="icb") as kb:
-                        if p.flat:
-                            self._w_loop(n, block, kb, i64(0), (o, add(b, o, i64(1))))
-                        else:
-                            self._w_loop(n, block, kb, o)
+                    elif p.flat:
+                        self._w_loop(n, block, kb, i64(0), (o, add(b, o, i64(1))))
+                    else:
+                        self._w_loop(n, block, kb, o)
         b.ret_void()
         return fn
 
@@ -512,12 +515,9 @@ class _Conv:
         ch = add(b, mul(b, n, i64(g.c)), add(b, mul(b, grp, i64(g.icg)), mul(b, kb, i64(p.icb))))
         oh0 = mul(b, ht, i64(p.rh))
         ow0 = mul(b, wt, i64(self.tile_w))
-        if p.slab:  # the slab holds this image's planes from the tile's first row on
-            xoff = add(b, mul(b, b.sub(ch, mul(b, n, i64(g.c))), i64(p.plane)), ow0)
-        elif p.pack_rows:  # the range's buffer holds one image's planes
-            xoff = add(b, mul(b, b.sub(ch, mul(b, n, i64(g.c))), i64(p.plane)), add(b, mul(b, oh0, i64(p.wq)), ow0))
-        else:
-            xoff = add(b, mul(b, ch, i64(p.plane)), add(b, mul(b, oh0, i64(p.wq)), ow0))
+        chan = b.sub(ch, mul(b, n, i64(g.c))) if p.pack_rows else ch  # a stack buffer holds one image's planes
+        col = ow0 if p.slab else add(b, mul(b, oh0, i64(p.wq)), ow0)  # a slab starts at the tile's first row
+        xoff = add(b, mul(b, chan, i64(p.plane)), col)
         kb_off = mul(b, kb, i64(p.icb * g.kh * g.kw * p.mr))
         woff = add(b, mul(b, t, i64(p.panel)), kb_off)
         if p.segmented:  # the tile starts at grid column col0 of output row oh0
