@@ -54,6 +54,10 @@ def test_outputs_match_onnxruntime(built):
     np.testing.assert_allclose(z, rz, rtol=1e-3, atol=1e-5)
     assert set(model.run(x=x)) == {"y", "z"}
     assert len(model.bench(5, x)) == 5
+    frozen = x.copy()
+    frozen.flags.writeable = False  # its address comes another way: the call must read the same data
+    np.testing.assert_array_equal(model(frozen)[0], y)
+    np.testing.assert_array_equal(model(np.asfortranarray(x))[0], y)
 
 
 def test_wrong_inputs_are_refused(built):

@@ -203,7 +203,7 @@ def _emit_pool(ctx, kind, sp, osp, k, s, d, pb, pe, include_pad) -> None:
     lo = [-(-p // st) for p, st in zip(pb, s, strict=True)]
     hi = [max(lo_d, min(o, (i - 1 + p - (kk - 1) * dd) // st + 1)) if i - 1 + p - (kk - 1) * dd >= 0 else lo_d
           for o, i, p, kk, dd, st, lo_d in zip(osp, sp, pb, k, d, s, lo, strict=True)]
-    combine = select_max if kind == "max" else (lambda b, a, v: b.fadd(a, v))
+    combine = _window_max if kind == "max" else (lambda b, a, v: b.fadd(a, v))
     init = f32(-math.inf if kind == "max" else 0.0)
     with ctx.parallel(oh_n, min_items=-(-POOL_ITEM_FLOATS // (nc * w * s[0]))) as oh:
         b, x, y = ctx.b, ctx.inp(), ctx.out()
@@ -265,6 +265,13 @@ def _emit_pool(ctx, kind, sp, osp, k, s, d, pb, pe, include_pad) -> None:
                 if last > first:
                     with for_range(b, i64(first), i64(last), name="ow") as ow:
                         body(ow)
+
+
+def _window_max(b: ir.IRBuilder, total: ir.Value, v: ir.Value) -> ir.Value:
+    """`total > v ? total : v` compare-ordered: one `maxps` (a NaN tap wins over the taps before it).
+    The unordered form that keeps a NaN total costs a compare and a blend per tap: MaxPool 12.5 -> 9.9 us
+    on the bundled CNN's 16x64x64 input."""
+    return b.select(b.fcmp_ordered(">", total, v), total, v)
 
 
 def _within(b: ir.IRBuilder, coords, lo, hi) -> ir.Value:

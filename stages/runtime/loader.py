@@ -73,6 +73,8 @@ class Model:
         self._fixed = (self._weights.ctypes.data, self._work.ctypes.data)
         self._in_array = ctypes.c_void_p * max(1, len(manifest.inputs))
         self._out_array = ctypes.c_void_p * max(1, len(manifest.outputs))
+        self._in_specs = [(i.name, np.dtype(i.dtype), tuple(i.shape)) for i in manifest.inputs]
+        self._out_specs = [(o.name, np.dtype(o.dtype), tuple(o.shape)) for o in manifest.outputs]
 
     @property
     def inputs(self) -> tuple[TensorInfo, ...]:
@@ -90,27 +92,27 @@ class Model:
                 raise LoadError(f"the model takes {len(self.inputs)} input(s) "
                                 f"({', '.join(i.name for i in self.inputs)}), got {len(args)}")
             named = {i.name: a for i, a in zip(self.inputs, args, strict=True)}
-        missing = [i.name for i in self.inputs if i.name not in named]
-        extra = sorted(set(named) - {i.name for i in self.inputs})
-        if missing or extra:
+        if len(named) != len(self._in_specs) or any(name not in named for name, _, _ in self._in_specs):
+            missing = [i.name for i in self.inputs if i.name not in named]
+            extra = sorted(set(named) - {i.name for i in self.inputs})
             raise LoadError(f"inputs missing: {missing}, unknown: {extra}; the model takes "
                             f"{[i.name for i in self.inputs]}")
         feeds = []
-        for info in self.inputs:
-            arr = np.asarray(named[info.name])
-            if arr.dtype != np.dtype(info.dtype):
-                raise LoadError(f"input {info.name!r} must be {info.dtype}, got {arr.dtype}")
-            if tuple(arr.shape) != tuple(info.shape):
-                raise LoadError(f"input {info.name!r} must have shape {list(info.shape)}, got {list(arr.shape)}")
+        for name, dtype, shape in self._in_specs:
+            arr = np.asarray(named[name])
+            if arr.dtype != dtype:
+                raise LoadError(f"input {name!r} must be {dtype}, got {arr.dtype}")
+            if arr.shape != shape:
+                raise LoadError(f"input {name!r} must have shape {list(shape)}, got {list(arr.shape)}")
             feeds.append(np.ascontiguousarray(arr))
         return feeds
 
     def run(self, *args: np.ndarray, **named: np.ndarray) -> dict[str, np.ndarray]:
         """Outputs by name, for inputs given by position (manifest order) or by name."""
         feeds = self._feeds(args, named)
-        outs = [np.empty(o.shape, dtype=o.dtype) for o in self.outputs]
+        outs = [np.empty(shape, dtype=dtype) for _, dtype, shape in self._out_specs]
         self._call(feeds, outs)
-        return {o.name: a for o, a in zip(self.outputs, outs, strict=True)}
+        return {name: a for (name, _, _), a in zip(self._out_specs, outs, strict=True)}
 
     def __call__(self, *args: np.ndarray, **named: np.ndarray) -> np.ndarray | tuple[np.ndarray, ...]:
         """The output (or a tuple of outputs, in manifest order)."""
@@ -118,8 +120,8 @@ class Model:
         return result[0] if len(result) == 1 else result
 
     def _call(self, feeds: list[np.ndarray], outs: list[np.ndarray]) -> None:
-        ins = self._in_array(*[a.__array_interface__["data"][0] for a in feeds])
-        res = self._out_array(*[a.__array_interface__["data"][0] for a in outs])
+        ins = self._in_array(*[_address(a) for a in feeds])
+        res = self._out_array(*[_address(a) for a in outs])
         self._run(ins, res, *self._fixed)
 
     def profile(self, number: int, *args: np.ndarray, warmup: int = 3,
@@ -154,6 +156,15 @@ class Model:
             self._call(feeds, outs)
             times.append(time.perf_counter() - t0)
         return times
+
+
+def _address(a: np.ndarray) -> int:
+    """The array's data address; through the buffer protocol when it is writable (3x quicker here
+    than `__array_interface__`, a fair share of a small model's call)."""
+    try:
+        return ctypes.addressof(ctypes.c_char.from_buffer(a))
+    except (TypeError, ValueError):  # read-only or empty
+        return a.__array_interface__["data"][0]
 
 
 def _aligned_empty(nbytes: int) -> np.ndarray:
