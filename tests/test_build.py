@@ -110,6 +110,34 @@ def test_every_generated_op_matches_the_reference(tmp_path, host):
         np.testing.assert_allclose(got[name], want[name], rtol=1e-3, atol=1e-4, err_msg=name)
 
 
+@pytest.mark.filterwarnings("ignore:overflow encountered in exp")  # Exp(100) is inf for both
+def test_the_smaller_element_wise_and_reduction_ops_match_the_reference(tmp_path, host):
+    """Ops the backend cases do not reach: unary maths, HardSigmoid, variadic Max/Min/Mean with
+    broadcasting, GlobalMaxPool, ReduceSum/Max/Min; Softplus stays finite where e^x overflows."""
+    x = _const((2, 3, 5, 4), -3, 3)
+    x[0, 0, 0, :2] = (100.0, -100.0)
+    g = _G(x=x)
+    pos = g.add("Abs", ["x"])
+    outs = [g.add(op, ["x"]) for op in ("Neg", "Exp", "Floor", "Ceil", "Sign", "Softplus", "Softsign")]
+    outs += [g.add("Log", [pos]), g.add("Reciprocal", [g.add("Add", [pos, g.const("one", np.ones(1, np.float32))])])]
+    outs.append(g.add("HardSigmoid", ["x"], alpha=0.3, beta=0.4))
+    outs.append(g.add("Shrink", ["x"], lambd=1.0, bias=0.5))
+    outs.append(g.add("Selu", ["x"], alpha=1.6, gamma=1.05))
+    outs.append(g.add("PRelu", ["x", g.const("slope", _const((3, 1, 1)))]))
+    c = g.const("row", _const((4,)))
+    outs += [g.add("Max", ["x", c, pos]), g.add("Min", ["x", c]), g.add("Mean", ["x", c, pos])]
+    outs.append(g.add("GlobalMaxPool", ["x"]))
+    outs += [g.add(op, ["x"], axes=[1, 3], keepdims=k) for op, k in (("ReduceSum", 1), ("ReduceMax", 0),
+                                                                       ("ReduceMin", 1))]
+    graph = g.graph(outs)
+    build_library(graph, host, tmp_path / "lib")
+    got = load(tmp_path / "lib").run(x=x)
+    want = reference.run(graph, {"x": x})
+    assert np.isfinite(got[outs[5]]).all() and got[outs[5]][0, 0, 0, 0] == pytest.approx(100.0)
+    for name in want:
+        np.testing.assert_allclose(got[name], want[name], rtol=1e-5, atol=1e-6, err_msg=name)
+
+
 POOLS = [("MaxPool", dict(kernel_shape=[3, 3], strides=[2, 2], pads=[1, 1, 1, 1])),
          ("MaxPool", dict(kernel_shape=[2, 3], strides=[1, 2], pads=[0, 1, 1, 2], dilations=[2, 1], ceil_mode=1)),
          ("AveragePool", dict(kernel_shape=[3, 3], strides=[2, 2], pads=[1, 1, 1, 1], count_include_pad=0)),

@@ -88,6 +88,37 @@ def _elu(ctx: OpCtx) -> None:
     elementwise(ctx, f, [0])
 
 
+def _selu(ctx: OpCtx) -> None:
+    alpha, gamma = float(ctx.attr("alpha")), float(ctx.attr("gamma"))
+
+    def f(b, v):
+        neg = b.fmul(f32(alpha), b.fsub(call_f32(b, "llvm.exp.f32", v[0]), f32(1)))
+        return b.fmul(f32(gamma), b.select(b.fcmp_ordered(">", v[0], f32(0)), v[0], neg))
+    elementwise(ctx, f, [0])
+
+
+def _shrink(ctx: OpCtx) -> None:
+    lambd, bias = float(ctx.attr("lambd", 0.5)), float(ctx.attr("bias", 0.0))
+
+    def f(b, v):
+        x = v[0]
+        above = b.select(b.fcmp_ordered(">", x, f32(lambd)), b.fsub(x, f32(bias)), f32(0))
+        return b.select(b.fcmp_ordered("<", x, f32(-lambd)), b.fadd(x, f32(bias)), above)
+    elementwise(ctx, f, [0])
+
+
+def _sign(b: ir.IRBuilder, x: ir.Value) -> ir.Value:
+    """1, -1, or x itself for zeros and NaN."""
+    return b.select(b.fcmp_ordered(">", x, f32(0)), f32(1), b.select(b.fcmp_ordered("<", x, f32(0)), f32(-1), x))
+
+
+def _softplus(b: ir.IRBuilder, x: ir.Value) -> ir.Value:
+    """log(1 + e^x) as max(x, 0) + log(1 + e^-|x|): no overflow to inf for large x."""
+    decay = call_f32(b, "llvm.exp.f32", b.fneg(call_f32(b, "llvm.fabs.f32", x)))
+    tail = call_f32(b, "llvm.log.f32", b.fadd(f32(1), decay))
+    return b.fadd(relu(b, x), tail)
+
+
 def _hard_sigmoid(ctx: OpCtx) -> None:
     alpha, beta = float(ctx.attr("alpha", 0.2)), float(ctx.attr("beta", 0.5))
     elementwise(ctx, lambda b, v: select_min(b, select_max(b, b.fadd(b.fmul(v[0], f32(alpha)), f32(beta)), f32(0)),
@@ -146,7 +177,11 @@ OPS: dict[str, Callable[[OpCtx], None]] = {
     "Reciprocal": _unary(lambda b, x: b.fdiv(f32(1), x)),
     "Floor": _unary(lambda b, x: call_f32(b, "llvm.floor.f32", x)),
     "Ceil": _unary(lambda b, x: call_f32(b, "llvm.ceil.f32", x)),
-    "Softplus": _unary(lambda b, x: call_f32(b, "llvm.log.f32", b.fadd(f32(1), call_f32(b, "llvm.exp.f32", x)))),
+    "Softplus": _unary(_softplus),
+    "Softsign": _unary(lambda b, x: b.fdiv(x, b.fadd(f32(1), call_f32(b, "llvm.fabs.f32", x)))),
+    "Sign": _unary(_sign),
+    "Selu": _selu,
+    "Shrink": _shrink,
     "Gelu": _gelu,
     "Clip": _clip,
     "LeakyRelu": _leaky_relu,

@@ -281,13 +281,26 @@ def _layer_norm(ins, outs, raw, ctx) -> list[Emit]:
     return [("LayerNormalization", ins, outs[:1], {"axis": axis, "epsilon": float(raw.get("epsilon", 1e-5))})]
 
 
-def _reduce_mean(ins, outs, raw, ctx) -> list[Emit]:
-    rank = len(ctx.shape(ins[0]))
-    axes = _axes_arg(ins, raw, ctx, 18)
-    if not axes and raw.get("noop_with_empty_axes", 0):
-        return [("Reshape", ins[:1], outs[:1], {"shape": list(ctx.shape(ins[0]))})]
-    axes = sorted(_axis(a, rank) for a in axes) if axes else list(range(rank))
-    return [("ReduceMean", ins[:1], outs[:1], {"axes": axes, "keepdims": int(raw.get("keepdims", 1))})]
+def _reduce(opset_input: int):
+    """ReduceSum takes its axes as an input from opset 13, ReduceMean/Max/Min from opset 18."""
+    def fn(ins, outs, raw, ctx) -> list[Emit]:
+        rank = len(ctx.shape(ins[0]))
+        axes = _axes_arg(ins, raw, ctx, opset_input)
+        if not axes and raw.get("noop_with_empty_axes", 0):
+            return [("Reshape", ins[:1], outs[:1], {"shape": list(ctx.shape(ins[0]))})]
+        axes = sorted(_axis(a, rank) for a in axes) if axes else list(range(rank))
+        return [(ctx.op, ins[:1], outs[:1], {"axes": axes, "keepdims": int(raw.get("keepdims", 1))})]
+    return fn
+
+
+def _prelu(ins, outs, raw, ctx) -> list[Emit]:
+    """Before opset 7 a 1-D slope of C values is per channel (axis 1), not numpy-broadcast on the last axis."""
+    x, slope = ctx.shape(ins[0]), ctx.shape(ins[1])
+    if ctx.opset >= 7 or len(slope) != 1 or len(x) < 3 or slope[0] in (1, x[-1]) and slope[0] != x[1]:
+        return _plain(ins, outs, raw, ctx)
+    per_channel = ctx.fresh(ins[1])
+    return [("Reshape", [ins[1]], [per_channel], {"shape": [slope[0]] + [1] * (len(x) - 2)}),
+            ("PRelu", [ins[0], per_channel], outs[:1], {})]
 
 
 def _batch_norm(ins, outs, raw, ctx) -> list[Emit]:
@@ -310,13 +323,20 @@ def _lrn(ins, outs, raw, ctx) -> list[Emit]:
 
 
 NORMALIZERS: dict[str, Callable[..., list[Emit]]] = {
-    **{op: _plain for op in ("Relu", "Sigmoid", "Tanh", "Erf", "Sqrt", "Sum", "MatMul", "GlobalAveragePool")},
+    **{op: _plain for op in ("Relu", "Sigmoid", "Tanh", "Erf", "Sqrt", "Sum", "MatMul", "GlobalAveragePool",
+                             "GlobalMaxPool", "Abs", "Neg", "Exp", "Log", "Reciprocal", "Floor", "Ceil", "Sign",
+                             "Softplus", "Softsign", "Max", "Min", "Mean")},
     **{op: _binary for op in ("Add", "Sub", "Mul", "Div", "Pow")},
     "LeakyRelu": _keep(("alpha", 0.01)),
+    "Elu": _keep(("alpha", 1.0)), "PRelu": _prelu,
+    "Selu": _keep(("alpha", 1.67326319217681884765625), ("gamma", 1.05070102214813232421875)),
+    "HardSigmoid": _keep(("alpha", 0.2), ("beta", 0.5)),
+    "Shrink": _keep(("bias", 0.0), ("lambd", 0.5)),
+    "ReduceSum": _reduce(13), "ReduceMax": _reduce(18), "ReduceMin": _reduce(18),
     "Gelu": _keep(("approximate", "none")),
     "Clip": _clip, "Conv": _conv, "MaxPool": _pool, "AveragePool": _pool, "Gemm": _gemm,
     "BatchNormalization": _batch_norm, "Reshape": _reshape, "Flatten": _flatten, "Squeeze": _squeeze,
     "Unsqueeze": _unsqueeze, "Transpose": _transpose, "Concat": _concat, "Split": _split, "Slice": _slice,
     "Pad": _pad, "Softmax": _softmax, "LogSoftmax": _softmax, "LayerNormalization": _layer_norm,
-    "ReduceMean": _reduce_mean, "LRN": _lrn,
+    "ReduceMean": _reduce(18), "LRN": _lrn,
 }

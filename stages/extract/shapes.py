@@ -91,14 +91,16 @@ def _reduce(s: list[Shape], a: dict) -> list[Shape]:
 
 SHAPES: dict[str, Callable[[list[Shape], dict], list[Shape]]] = {
     **{op: _same for op in ("Relu", "Sigmoid", "Tanh", "Erf", "Sqrt", "LeakyRelu", "Gelu", "Clip", "Softmax",
-                            "LogSoftmax", "LRN", "LayerNormalization")},
-    **{op: _broadcast for op in ("Add", "Sub", "Mul", "Div", "Pow", "Sum")},
+                            "LogSoftmax", "LRN", "LayerNormalization", "Abs", "Neg", "Exp", "Log", "Reciprocal",
+                            "Floor", "Ceil", "Sign", "Softplus", "Softsign", "Elu", "Selu", "HardSigmoid", "Shrink")},
+    **{op: _broadcast for op in ("Add", "Sub", "Mul", "Div", "Pow", "Sum", "Max", "Min", "Mean", "PRelu")},
     "Conv": _conv, "MaxPool": _pool, "AveragePool": _pool, "MatMul": _matmul, "Gemm": _gemm,
     "BatchNormalization": _batch_norm,
-    "GlobalAveragePool": lambda s, a: [s[0][:2] + (1,) * (len(s[0]) - 2)],
+    **{op: (lambda s, a: [s[0][:2] + (1,) * (len(s[0]) - 2)]) for op in ("GlobalAveragePool", "GlobalMaxPool")},
     "Reshape": lambda s, a: [tuple(a["shape"])], "Flatten": lambda s, a: [tuple(a["shape"])],
     "Transpose": lambda s, a: [tuple(s[0][p] for p in a["perm"])],
-    "Concat": _concat, "Split": _split, "Pad": _pad, "ReduceMean": _reduce,
+    "Concat": _concat, "Split": _split, "Pad": _pad,
+    **{op: _reduce for op in ("ReduceMean", "ReduceSum", "ReduceMax", "ReduceMin")},
     "Slice": lambda s, a: [tuple(a["sizes"])],
 }
 

@@ -10,7 +10,8 @@ are the importer's normalised ones (the same the library build reads):
   (non-negative), Split also `split` (sizes). Slice: `starts`, `steps` and `sizes` for every
   axis (element i of an axis is `starts + i * steps`). Pad: `pads` (all begins, then all
   ends), `mode`, `value`. Softmax / LogSoftmax: `axis` (one axis). LayerNormalization: `axis`,
-  `epsilon`. ReduceMean: `axes`, `keepdims`. Clip: `min`, `max`. LeakyRelu: `alpha`.
+  `epsilon`. ReduceMean/Sum/Max/Min: `axes`, `keepdims`. Clip: `min`, `max`. LeakyRelu, Elu:
+  `alpha`. Selu: `alpha`, `gamma`. HardSigmoid: `alpha`, `beta`. Shrink: `bias`, `lambd`.
   LRN: `size`, `alpha`, `beta`, `bias`. Gelu: `approximate`. Gemm: `alpha`, `beta`,
   `transA`, `transB`. BatchNormalization: `epsilon`.
 - Anchors (`conv2d`, `dense`, `matmul`, `batch_matmul`) carry a `TuningTask`; their node inputs
@@ -20,6 +21,7 @@ are the importer's normalised ones (the same the library build reads):
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Callable
 
@@ -221,6 +223,23 @@ def _unary(fn: Callable[[np.ndarray, dict], np.ndarray]) -> OpFn:
     return lambda args, a: [_same(args[0], fn(args[0], a))]
 
 
+def _variadic(fn: Callable[[np.ndarray, np.ndarray], np.ndarray]) -> OpFn:
+    return lambda args, a: [_same(args[0], functools.reduce(fn, args[1:], args[0]))]
+
+
+def _reduction(fn: Callable[..., np.ndarray]) -> OpFn:
+    return _unary(lambda x, a: fn(x, axis=tuple(a["axes"]), keepdims=bool(a.get("keepdims", 1))))
+
+
+def _elu(x: np.ndarray, alpha: float) -> np.ndarray:
+    return np.where(x > 0, x, alpha * np.expm1(np.minimum(x, 0)))
+
+
+def _shrink(x: np.ndarray, a: dict) -> np.ndarray:
+    lambd, bias = a.get("lambd", 0.5), a.get("bias", 0.0)
+    return np.where(x < -lambd, x + bias, np.where(x > lambd, x - bias, 0))
+
+
 def _div(x: np.ndarray, y: np.ndarray) -> np.ndarray:
     if np.issubdtype(x.dtype, np.integer):
         return np.trunc(x / y).astype(x.dtype)
@@ -237,7 +256,21 @@ OPS: dict[str, OpFn] = {
     "Softmax": _unary(lambda x, a: _softmax(x, a["axis"])),
     "LogSoftmax": _unary(lambda x, a: np.log(_softmax(x, a["axis"]))),
     "LRN": _unary(_lrn),
-    "ReduceMean": _unary(lambda x, a: x.mean(axis=tuple(a["axes"]), keepdims=bool(a.get("keepdims", 1)))),
+    "ReduceMean": _reduction(np.mean), "ReduceSum": _reduction(np.sum), "ReduceMax": _reduction(np.max),
+    "ReduceMin": _reduction(np.min),
+    "Abs": _unary(lambda x, a: np.abs(x)), "Neg": _unary(lambda x, a: np.negative(x)),
+    "Exp": _unary(lambda x, a: np.exp(x)), "Log": _unary(lambda x, a: np.log(x)),
+    "Reciprocal": _unary(lambda x, a: 1 / x), "Floor": _unary(lambda x, a: np.floor(x)),
+    "Ceil": _unary(lambda x, a: np.ceil(x)), "Sign": _unary(lambda x, a: np.sign(x)),
+    "Softplus": _unary(lambda x, a: np.logaddexp(0, x)), "Softsign": _unary(lambda x, a: x / (1 + np.abs(x))),
+    "Elu": _unary(lambda x, a: _elu(x, a.get("alpha", 1.0))),
+    "Selu": _unary(lambda x, a: a["gamma"] * _elu(x, a["alpha"])),
+    "HardSigmoid": _unary(lambda x, a: np.clip(a.get("alpha", 0.2) * x + a.get("beta", 0.5), 0, 1)),
+    "Shrink": _unary(_shrink),
+    "PRelu": _binary(lambda x, slope: np.where(x < 0, x * slope, x)),
+    "Max": _variadic(np.maximum), "Min": _variadic(np.minimum),
+    "Mean": lambda args, a: [_same(args[0], functools.reduce(np.add, args[1:], args[0]) / len(args))],
+    "GlobalMaxPool": _unary(lambda x, a: x.max(axis=tuple(range(2, x.ndim)), keepdims=True)),
     "MaxPool": _unary(lambda x, a: _pool(x, a, "max")),
     "AveragePool": _unary(lambda x, a: _pool(x, a, "avg")),
     "GlobalAveragePool": _unary(lambda x, a: x.mean(axis=tuple(range(2, x.ndim)), keepdims=True)),
