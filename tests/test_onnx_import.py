@@ -32,7 +32,8 @@ def vi(name, shape, dtype=TensorProto.FLOAT):
 
 def test_every_unsupported_op_is_listed_with_its_nodes_in_one_error(tmp_path):
     nodes = [helper.make_node("Round", ["x"], ["a"], name="round1"), helper.make_node("Relu", ["a"], ["b"], name="r"),
-             helper.make_node("Round", ["b"], ["c"], name="round2"), helper.make_node("Hardmax", ["c"], ["y"], name="hm")]
+             helper.make_node("Round", ["b"], ["c"], name="round2"),
+             helper.make_node("Hardmax", ["c"], ["y"], name="hm")]
     path = save(tmp_path, nodes, [vi("x", ["N", 4])], [vi("y", ["N", 4])])
     with pytest.raises(UnsupportedOpsError) as err:
         load_model(path)  # the unbound N is not reported: unsupported ops come before anything else
