@@ -1,4 +1,4 @@
-"""Data movement: transpose, concat, split, slice, pad and plain copies, all as strided copies."""
+"""Data movement: transpose, concat, split, slice, pad, tile and plain copies, all as strided copies."""
 
 from __future__ import annotations
 
@@ -32,6 +32,15 @@ def transpose(ctx: OpCtx) -> None:
     out_shape = ctx.out_shape()
     _copy(ctx, out_shape, Operand(ctx.out(), contiguous_strides(out_shape)),
           Operand(ctx.inp(), tuple(in_strides[p] for p in perm)))
+
+
+def tile(ctx: OpCtx) -> None:
+    """The output viewed as (r0, s0, r1, s1, ...) reads the input with stride 0 along every repeat axis."""
+    shape = ctx.in_shape()
+    reps = [int(r) for r in ctx.attr("repeats")]
+    extents = [d for pair in zip(reps, shape, strict=True) for d in pair]
+    in_strides = [s for st in contiguous_strides(shape) for s in (0, st)]
+    _copy(ctx, extents, Operand(ctx.out(), contiguous_strides(extents)), Operand(ctx.inp(), tuple(in_strides)))
 
 
 def concat(ctx: OpCtx) -> None:
@@ -117,6 +126,7 @@ OPS: dict[str, Callable[[OpCtx], None]] = {
     "Squeeze": copy,
     "Unsqueeze": copy,
     "Transpose": transpose,
+    "Tile": tile,
     "Concat": concat,
     "Split": split,
     "Slice": slice_,

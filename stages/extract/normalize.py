@@ -293,6 +293,14 @@ def _reduce(opset_input: int):
     return fn
 
 
+def _tile(ins, outs, raw, ctx) -> list[Emit]:
+    repeats = ctx.const(ins[1], "repeats").reshape(-1)
+    if len(repeats) != len(ctx.shape(ins[0])) or (repeats < 0).any():
+        raise ModelError(f"Tile {ctx.node!r}: repeats {repeats.tolist()} must be one non-negative count per axis "
+                         f"of its {len(ctx.shape(ins[0]))}-D input")
+    return [("Tile", ins[:1], outs[:1], {"repeats": [int(r) for r in repeats]})]
+
+
 def _prelu(ins, outs, raw, ctx) -> list[Emit]:
     """Before opset 7 a 1-D slope of C values is per channel (axis 1), not numpy-broadcast on the last axis."""
     x, slope = ctx.shape(ins[0]), ctx.shape(ins[1])
@@ -328,7 +336,7 @@ NORMALIZERS: dict[str, Callable[..., list[Emit]]] = {
                              "Softplus", "Softsign", "Max", "Min", "Mean")},
     **{op: _binary for op in ("Add", "Sub", "Mul", "Div", "Pow")},
     "LeakyRelu": _keep(("alpha", 0.01)),
-    "Elu": _keep(("alpha", 1.0)), "PRelu": _prelu,
+    "Elu": _keep(("alpha", 1.0)), "PRelu": _prelu, "Tile": _tile,
     "Selu": _keep(("alpha", 1.67326319217681884765625), ("gamma", 1.05070102214813232421875)),
     "HardSigmoid": _keep(("alpha", 0.2), ("beta", 0.5)),
     "Shrink": _keep(("bias", 0.0), ("lambd", 0.5)),

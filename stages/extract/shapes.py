@@ -102,6 +102,7 @@ SHAPES: dict[str, Callable[[list[Shape], dict], list[Shape]]] = {
     "Concat": _concat, "Split": _split, "Pad": _pad,
     **{op: _reduce for op in ("ReduceMean", "ReduceSum", "ReduceMax", "ReduceMin")},
     "Slice": lambda s, a: [tuple(a["sizes"])],
+    "Tile": lambda s, a: [tuple(d * r for d, r in zip(s[0], a["repeats"], strict=True))],
 }
 
 

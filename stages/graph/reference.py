@@ -7,8 +7,8 @@ are the importer's normalised ones (the same the library build reads):
 - MaxPool / AveragePool: `kernel_shape`, `strides`, `pads` (top, left, bottom, right),
   `dilations`, `ceil_mode`, `count_include_pad`.
 - Reshape / Flatten: `shape` (the output shape). Transpose: `perm`. Concat / Split: `axis`
-  (non-negative), Split also `split` (sizes). Slice: `starts`, `steps` and `sizes` for every
-  axis (element i of an axis is `starts + i * steps`). Pad: `pads` (all begins, then all
+  (non-negative), Split also `split` (sizes). Tile: `repeats`. Slice: `starts`, `steps` and
+  `sizes` for every axis (element i of an axis is `starts + i * steps`). Pad: `pads` (all begins, then all
   ends), `mode`, `value`. Softmax / LogSoftmax: `axis` (one axis). LayerNormalization: `axis`,
   `epsilon`. ReduceMean/Sum/Max/Min: `axes`, `keepdims`. Clip: `min`, `max`. LeakyRelu, Elu:
   `alpha`. Selu: `alpha`, `gamma`. HardSigmoid: `alpha`, `beta`. Shrink: `bias`, `lambd`.
@@ -277,6 +277,7 @@ OPS: dict[str, OpFn] = {
     "Reshape": lambda args, a: [args[0].reshape(a["shape"])],
     "Flatten": lambda args, a: [args[0].reshape(a["shape"])],
     "Transpose": lambda args, a: [np.ascontiguousarray(args[0].transpose(a["perm"]))],
+    "Tile": lambda args, a: [np.tile(args[0], a["repeats"])],
     "Concat": lambda args, a: [np.concatenate(args, axis=a["axis"])],
     "Split": lambda args, a: np.split(args[0], np.cumsum(a["split"])[:-1], axis=a["axis"]),
     "Slice": _unary(_slice),
