@@ -235,3 +235,24 @@ def test_build_errors_are_clear(tmp_path, host):
     graph.nodes.append(Node("weird2", "NonZero", ["x"], ["z2"]))
     with pytest.raises(BuildError, match=r"NonZero \(weird1, weird2\)"):
         build_library(graph, host, tmp_path / "b")
+
+
+def test_convs_hand_padded_outputs_only_to_a_sole_stride_1_conv_reader(host):
+    """The bundled CNN: each block's first conv feeds only the second (padded hand-off); a conv
+    whose output is also a residual, a pool's output, and the strided convs' inputs are left alone."""
+    from stages.build.apply_best import choose
+    from stages.build.halo import plan_halos
+    from stages.extract import load_model
+    from stages.graph.passes import optimize
+    from tunaflow.commands.demo import DATA
+
+    graph = optimize(load_model(DATA / "models" / "cnn.onnx"))
+    choices = choose([n.task for n in graph.nodes if n.task is not None], None, host, 1)
+    plan = plan_halos(graph, choices)
+    pairs = {("Conv_16", "Conv_27"), ("Conv_40", "Conv_51"), ("Conv_64", "Conv_75"), ("Conv_97", "Conv_108")}
+    assert {(a, b) for a, b in pairs if plan.halos[a].y_pad == (1, 1, 1, 1) and plan.halos[b].x_padded} == pairs
+    assert set(plan.halos) == {n for pair in pairs for n in pair}
+    outputs = {n.name: n.outputs[0] for n in graph.nodes}
+    for first, _ in pairs:
+        c, h, w = graph.values[outputs[first]].shape[1:]
+        assert plan.floats[outputs[first]] >= c * (h + 2) * (w + 2)

@@ -354,3 +354,51 @@ def test_tune_op_conv2d_cli_json(tmp_path):
     assert out["trials"] == 6 and out["best_gflops"] > 0 and out["default_gflops"] > 0 and out["numpy_gflops"] > 0
     assert out["task"] == "conv2d(1x8x12x12,16x8x3x3,16)+bias+relu"
     assert {"mr", "nw", "vw", "icb"} <= set(out["best_config"])
+
+
+HALO_KNOBS = [dict(vw=16, mr=6, nw=1, rh=1, icb=8, order="hwc", unroll=0, uk=2, ocn=1, par="oh", flat=0, axis="w"),
+              dict(vw=16, mr=16, nw=1, rh=2, icb=16, order="chw", unroll=0, uk=1, ocn=2, par="oh", flat=0, axis="oc"),
+              dict(vw=8, mr=4, nw=2, rh=1, icb=4, order="chw", unroll=1, uk=1, ocn=2, par="oc", flat=1, axis="w"),
+              dict(vw=16, mr=5, nw=1, rh=3, icb=16, order="chw", unroll=0, uk=1, ocn=1, par="oc", flat=0, axis="w")]
+
+
+@pytest.mark.parametrize("knobs", HALO_KNOBS)
+@pytest.mark.parametrize("threads", [1, 2])
+def test_a_conv_writes_inside_zero_borders_that_the_next_conv_reads_as_its_padding(knobs, threads):
+    """Producer Y stored with the consumer's pads (borders zeroed over whatever the buffer held), the
+    consumer skipping its pack: the same result as both convs on plain tensors."""
+    first = conv2d.conv2d_task((2, 5, 14, 19), (16, 5, 3, 3), (2, 1), (1, 1, 1, 1), (1, 1), 1,
+                               parse_epilogue("bias,relu"))
+    second = conv2d.conv2d_task((2, 16, 7, 19), (20, 16, 3, 3), (1, 1), (1, 2, 0, 1), (1, 1), 1,
+                                parse_epilogue("bias,residual_add"))
+    k1 = conv2d.default_config(first, HOST).knobs
+    assert conv2d.space(second, HOST).reason(knobs) is None
+    pads, floats = conv2d.padded_input(second, knobs)
+    assert pads == (1, 2, 0, 1) and floats >= 2 * 16 * (7 + 1) * (19 + 3)
+    x1 = conv2d.make_inputs(first, seed=3)
+    mid = conv2d.reference(first, x1)
+    x2 = [mid, *conv2d.make_inputs(second, seed=4)[1:]]
+    want = conv2d.reference(second, x2)
+
+    padded = np.full(floats, np.nan, dtype=np.float32)  # a reused buffer: borders hold garbage
+    produce = conv2d.Halo(y_pad=pads)
+    args = conv2d.kernel_args(first, k1, x1, produce)
+    args[-1] = padded
+    LoadedKernel(compile_ir(conv2d.build_ir(first, k1, HOST, threads, produce), HOST).data, HOST)(args)
+    image = padded[:2 * 16 * 8 * 22].reshape(2, 16, 8, 22)
+    assert_matches(first, image[:, :, 1:, 2:-1].copy(), mid)
+    assert not image[:, :, :1].any() and not image[:, :, :, :2].any() and not image[:, :, :, -1:].any()
+
+    consume = conv2d.Halo(x_padded=True)
+    args = conv2d.kernel_args(second, knobs, x2, consume)
+    assert len(args) == 5  # X, W, bias, residual, Y: no packed-input workspace
+    args[0] = padded
+    LoadedKernel(compile_ir(conv2d.build_ir(second, knobs, HOST, threads, consume), HOST).data, HOST)(args)
+    assert_matches(second, args[-1], want)
+
+
+def test_a_padded_output_refuses_y_shaped_epilogue_operands():
+    task = conv2d.conv2d_task((1, 4, 6, 6), (4, 4, 3, 3), (1, 1), (1, 1, 1, 1), (1, 1), 1,
+                              parse_epilogue("bias,residual_add"))
+    with pytest.raises(ValueError, match="Y-shaped epilogue operands"):
+        conv2d.build_ir(task, conv2d.default_config(task, HOST).knobs, HOST, 1, conv2d.Halo(y_pad=(1, 1, 1, 1)))

@@ -103,7 +103,7 @@ def test_a_cpu_lacking_the_targets_features_is_refused(built, tmp_path):
         load(tmp_path / "lib")
 
 
-@pytest.mark.parametrize("name,threads", [("cnn", 1), ("mlp", 1), ("transformer", 1), ("transformer", 2)])
+@pytest.mark.parametrize("name,threads", [("cnn", 1), ("cnn", 2), ("mlp", 1), ("transformer", 1), ("transformer", 2)])
 def test_bundled_models_match_onnxruntime(name, threads, tmp_path):
     """Threaded kernels too, and many calls in a row (workspace reuse) must stay right."""
     import onnxruntime as ort

@@ -30,6 +30,7 @@ from llvmlite import ir
 
 from schemas.target import Target
 from stages.build.apply_best import Choice, choose, fallback_message
+from stages.build.halo import HaloPlan, plan_halos
 from stages.build.manifest import (
     LIBRARY,
     MANIFEST,
@@ -51,6 +52,7 @@ from stages.codegen.irb import F64, VOIDP, i64, intrinsic
 from stages.graph.ir import Graph, Node
 from stages.log import TuningLog
 from stages.templates import TEMPLATES, template_for
+from stages.templates.conv2d import Halo
 
 RUN = "tf_run"
 
@@ -95,7 +97,8 @@ def build_library(graph: Graph, target: Target, out: Path, threads: int = 1, log
             raise BuildError(f"graph output {v.name!r} is a graph input or a constant; nothing computes it")
     module = ir.Module(name="tf_model")
     module.triple = target.triple
-    low = _lower(graph, module, choices, target, threads)
+    halo = plan_halos(graph, choices)
+    low = _lower(graph, module, choices, target, threads, halo)
     calls, constants = low.calls, low.constants
     message = _fallbacks(choices, low.generic)
     if message and on_fallback:
@@ -106,6 +109,7 @@ def build_library(graph: Graph, target: Target, out: Path, threads: int = 1, log
     constants.update({s: graph.constants[s] for c in calls for s in c.slots if s in graph.constants})
     weight_offsets, weights_blob = _pack_weights(constants)
     work = _work_tensors(graph, calls, constants)
+    work.update({name: 4 * floats for name, floats in halo.floats.items() if name in work})
     plan = plan_workspace([Step(tuple(s for s in c.slots if s not in c.node.outputs),
                                 tuple(s for s in c.slots if s in c.node.outputs)) for c in calls], work)
     _check_computed(graph, calls, constants)
@@ -143,7 +147,8 @@ class _Lowered:
     generic: dict[str, str] = field(default_factory=dict)  # task description → why it runs the generic kernel
 
 
-def _lower(graph: Graph, module: ir.Module, choices: dict[str, Choice], target: Target, threads: int) -> _Lowered:
+def _lower(graph: Graph, module: ir.Module, choices: dict[str, Choice], target: Target, threads: int,
+           halo: HaloPlan) -> _Lowered:
     outputs = {v.name for v in graph.outputs}
     low = _Lowered()
     for idx, node in enumerate(graph.nodes):
@@ -151,8 +156,11 @@ def _lower(graph: Graph, module: ir.Module, choices: dict[str, Choice], target: 
         anchor = None
         if node.task is not None and node.task.op in TEMPLATES:
             try:
-                anchor = _anchor(graph, node, choices[node.task.signature], target, threads, symbol)
+                anchor = _anchor(graph, node, choices[node.task.signature], target, threads, symbol,
+                                 halo.halos.get(node.name))
             except _RunTimeOperand as exc:
+                if node.name in halo.halos:
+                    raise BuildError(f"node {node.name!r}: planned a padded hand-off, but {exc}") from exc
                 low.generic[node.task.description] = str(exc)
         elif node.task is not None:
             low.generic[node.task.description] = f"no template for {node.task.op}"
@@ -180,11 +188,13 @@ def _lower(graph: Graph, module: ir.Module, choices: dict[str, Choice], target: 
     return low
 
 
-def _anchor(graph: Graph, node: Node, choice: Choice, target: Target, threads: int,
-            symbol: str) -> tuple[list[str], dict[str, np.ndarray], bytes]:
-    """Slots, packed weights and the compiled object of one anchor kernel."""
+def _anchor(graph: Graph, node: Node, choice: Choice, target: Target, threads: int, symbol: str,
+            halo: Halo | None = None) -> tuple[list[str], dict[str, np.ndarray], bytes]:
+    """Slots, packed weights and the compiled object of one anchor kernel (`halo`: a conv2d's
+    padded X / Y layout, see `stages/build/halo.py`)."""
     task, knobs = node.task, dict(choice.config.knobs)
     tpl = template_for(task)
+    layout = {} if halo is None else {"halo": halo}
     inputs = [n for n in node.inputs if n]
     specs = task.inputs
     if len(specs) != len(inputs):
@@ -199,7 +209,7 @@ def _anchor(graph: Graph, node: Node, choice: Choice, target: Target, threads: i
         # Run-time inputs are filled with NaN: an argument that still holds NaN after packing is a copy of one.
         arrays.append(np.ascontiguousarray(value, dtype=np.float32).reshape(spec.shape) if value is not None
                       else np.full(spec.shape, np.nan, dtype=np.float32))
-    args = tpl.kernel_args(task, knobs, arrays)
+    args = tpl.kernel_args(task, knobs, arrays, **layout)
     slots: list[str] = []
     packed: dict[str, np.ndarray] = {}
     for k, arg in enumerate(args[:-1]):
@@ -217,7 +227,7 @@ def _anchor(graph: Graph, node: Node, choice: Choice, target: Target, threads: i
         raise BuildError(f"node {node.name!r}: kernel output has {args[-1].size} elements, "
                          f"the graph's {node.outputs[0]!r} is {graph.values[node.outputs[0]].shape}")
     slots.append(node.outputs[0])
-    text = str(tpl.build_ir(task, knobs, target, threads))
+    text = str(tpl.build_ir(task, knobs, target, threads, **layout))
     renamed = re.sub(r'@"?tf_(main|bench)"?(?=[\s(,)])', lambda m: f'@"{symbol}_{m.group(1)}"', text)
     if f'@"{symbol}_main"' not in renamed or re.search(r'@"?tf_main\b', renamed):
         raise BuildError(f"node {node.name!r}: template {tpl.NAME} did not export tf_main as expected")

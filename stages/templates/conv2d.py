@@ -8,6 +8,8 @@ unpadded conv becomes a GEMM over the flattened image. Weights are re-laid once,
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 from llvmlite import ir
 
@@ -60,11 +62,33 @@ def task_from_cli(opts: dict) -> TuningTask:
                        parse_epilogue(opts.get("epilogue") or ""))
 
 
-def plan(task: TuningTask, knobs: Knobs) -> Plan:
+@dataclass(frozen=True)
+class Halo:
+    """How a whole-model build stores this conv's activations: X already zero-padded (the conv before
+    wrote it so, and this conv skips its pack), Y written inside the next conv's zero borders."""
+
+    x_padded: bool = False
+    y_pad: tuple[int, int, int, int] = (0, 0, 0, 0)  # top, left, bottom, right
+
+
+NO_HALO = Halo()
+
+
+def plan(task: TuningTask, knobs: Knobs, halo: Halo = NO_HALO) -> Plan:
     c = knobs
     return Plan(geom(task), int(c["vw"]), int(c["mr"]), int(c["nw"]), int(c["rh"]), int(c["icb"]), str(c["order"]),
                 int(c["unroll"]), int(c["uk"]), int(c["ocn"]), str(c["par"]), int(c["flat"]),
-                str(c["axis"]))
+                str(c["axis"]), halo.x_padded, halo.y_pad)
+
+
+def padded_input(task: TuningTask, knobs: Knobs) -> tuple[tuple[int, int, int, int], int] | None:
+    """(pads, floats of the buffer) in which this conv can read its input already padded, or None
+    when it reads X in place anyway (1x1 GEMM) or its pack also splits strides."""
+    p = plan(task, knobs)
+    g = p.g
+    if p.gemm or (g.sh, g.sw) != (1, 1):
+        return None
+    return (g.pt, g.pl, g.pb, g.pr), plan(task, knobs, Halo(x_padded=True)).packed_floats
 
 
 def space(task: TuningTask, target: Target) -> ConfigSpace:
@@ -236,22 +260,23 @@ def pack_weights(w: np.ndarray, p: Plan) -> np.ndarray:
     return np.ascontiguousarray(t.transpose(0, 2, 4, 5, 3, 1))
 
 
-def kernel_args(task: TuningTask, knobs: Knobs, inputs: list[np.ndarray]) -> list[np.ndarray]:
-    """`[X, packed W, *epilogue tensors, (packed-input workspace), Y]`; the output is last."""
-    p = plan(task, knobs)
+def kernel_args(task: TuningTask, knobs: Knobs, inputs: list[np.ndarray], halo: Halo = NO_HALO) -> list[np.ndarray]:
+    """`[X, packed W, *epilogue tensors, (packed-input workspace), Y]`; the output is last (task-shaped:
+    a padded Y is a whole-model build's own buffer)."""
+    p = plan(task, knobs, halo)
     x, w, *epi = inputs
     ws = [np.zeros(p.workspace, dtype=np.float32)] if p.workspace else []
     out = np.zeros(task.outputs[0].shape, dtype=np.float32)
     return [np.ascontiguousarray(x), pack_weights(w, p), *(np.ascontiguousarray(e) for e in epi), *ws, out]
 
 
-def build_ir(task: TuningTask, knobs: Knobs, target: Target, threads: int = 1) -> ir.Module:
-    p = plan(task, knobs)
+def build_ir(task: TuningTask, knobs: Knobs, target: Target, threads: int = 1, halo: Halo = NO_HALO) -> ir.Module:
+    p = plan(task, knobs, halo)
     mod = ir.Module(name=f"conv2d_{task.signature}")
     mod.triple = target.triple
     add_harness(mod, build(mod, p, task.epilogue, threads))
     return mod
 
 
-__all__ = ["CLI_OPTIONS", "NAME", "VERSION", "build_ir", "conv2d_task", "default_config", "kernel_args",
-           "make_inputs", "reference", "space", "task_from_cli"]
+__all__ = ["CLI_OPTIONS", "NAME", "NO_HALO", "VERSION", "Halo", "build_ir", "conv2d_task", "default_config",
+           "kernel_args", "make_inputs", "padded_input", "reference", "space", "task_from_cli"]

@@ -74,6 +74,26 @@ class Plan:
     par: str
     flat_grid: int = 0
     axis: str = "w"
+    x_padded: bool = False  # X arrives zero-padded (a stride-1 conv's packed layout): no pack
+    y_pad: tuple[int, int, int, int] = (0, 0, 0, 0)  # Y is written inside zero borders (top, left, bottom, right)
+
+    def __post_init__(self) -> None:
+        if self.x_padded and (self.g.sh, self.g.sw) != (1, 1):
+            raise ValueError("only a stride-1 conv reads its padded input as it is")
+
+    @property
+    def y_pitch(self) -> int:
+        """Floats per row of Y as stored (borders included)."""
+        return self.g.ow + self.y_pad[1] + self.y_pad[3]
+
+    @property
+    def y_plane(self) -> int:
+        return (self.g.oh + self.y_pad[0] + self.y_pad[2]) * self.y_pitch
+
+    @property
+    def y_origin(self) -> int:
+        """Offset of output (0, 0) in a stored plane."""
+        return self.y_pad[0] * self.y_pitch + self.y_pad[1]
 
     @property
     def oc_vectors(self) -> bool:
@@ -85,6 +105,11 @@ class Plan:
     def gemm(self) -> bool:
         """X is read in place (no pack phase)."""
         return self.g.is_1x1_gemm
+
+    @property
+    def in_place(self) -> bool:
+        """X is read as it is: no pack phase, no packed buffer."""
+        return self.gemm or self.x_padded
 
     @property
     def flat(self) -> bool:
@@ -169,8 +194,14 @@ class Plan:
     def workspace(self) -> int:
         """Floats of the shared packed-input buffer (0 when X is read in place or each range packs
         its own rows on its stack)."""
-        if self.gemm or self.pack_rows:
+        if self.in_place or self.pack_rows:
             return 0
+        return self.packed_floats
+
+    @property
+    def packed_floats(self) -> int:
+        """Floats of the whole packed input and the slack its edge tiles read past it: the size of a
+        padded X buffer (`x_padded`) too."""
         return self.g.n * self.g.c * self.plane + self._slack(self.tiled_rows)
 
     @property
@@ -210,7 +241,7 @@ class Plan:
     def pack_in_item(self) -> bool:
         """Channel blocks hold whole groups (depthwise, grouped convs split by channels), so each block
         packs its own input planes right before using them: no separate pack phase, and they are hot."""
-        return not self.gemm and self.par == "oc" and self.g.groups > 1 and (self.ocn * self.mr) % self.g.ocg == 0
+        return not self.in_place and self.par == "oc" and self.g.groups > 1 and (self.ocn * self.mr) % self.g.ocg == 0
 
     @property
     def pack_rows(self) -> bool:
@@ -220,7 +251,7 @@ class Plan:
         conv split the same way, wrote them), hot in cache, and no packed line written by two cores
         (a shared buffer's halo rows were rewritten by the next thread while this one read them).
         Each range packs its halo rows itself."""
-        return not self.gemm and not self.pack_in_item and self.par == "oh" and not self.flat
+        return not self.in_place and not self.pack_in_item and self.par == "oh" and not self.flat
 
     @property
     def tiles(self) -> int:
@@ -246,12 +277,18 @@ def build(mod: ir.Module, p: Plan, ops: tuple[EpilogueOp, ...], threads: int) ->
     from stages.codegen.parallel import emit_main
 
     n_epi = len(epilogue.operands(ops))
-    rows = None if p.gemm else _emit_pack_rows(mod, p)
+    if any(p.y_pad) and not all(s.per_channel for s in epilogue.operands(ops)):
+        raise ValueError("a padded Y would misplace Y-shaped epilogue operands")
+    rows = None if p.in_place else _emit_pack_rows(mod, p)
     conv = _Conv(p, ops, n_epi).emit(mod, rows if p.pack_in_item or p.pack_rows else None)
     phases = [emit_main(mod, conv, p.g.n * _segments(p) * p.tiles, threads, name="tf_conv")]
     if rows is not None and not (p.pack_in_item or p.pack_rows):
         pack = _emit_pack_planes(mod, p, rows, ws_slot=2 + n_epi)
         phases.insert(0, emit_main(mod, pack, p.g.n * p.g.c, threads, name="tf_pack"))
+    if any(p.y_pad):
+        border = _emit_border(mod, p, 3 + n_epi + (1 if p.workspace else 0))
+        # On the calling thread: a few hundred stores, cheaper than one more fork and join of the pool.
+        phases.insert(0, emit_main(mod, border, p.g.n * p.g.oc, 1, name="tf_border"))
     main = ir.Function(mod, ir.FunctionType(ir.VoidType(), [VOIDP]), name="tf_main")
     b = ir.IRBuilder(main.append_basic_block("entry"))
     for phase in phases:
@@ -394,6 +431,31 @@ def _emit_pack_rows(mod: ir.Module, p: Plan) -> ir.Function:
     return fn
 
 
+def _emit_border(mod: ir.Module, p: Plan, n_args: int) -> ir.Function:
+    """Zero the borders of Y planes [begin, end): the next conv reads them as its padding (the
+    buffer is shared with other tensors between calls, so they are rewritten every call)."""
+    fn, b = _range_fn(mod, "tf_border_range")
+    y = _args(b, fn, n_args)[-1]
+    (top, left, bottom, right), g, pitch = p.y_pad, p.g, p.y_pitch
+    zero = ir.Constant(F32, 0.0)
+
+    def fill(start: ir.Value, count: int) -> None:
+        if count:
+            with _loop(b, start, add(b, start, i64(count)), name="z") as q:
+                b.store(zero, gep(b, y, q))
+
+    with _loop(b, fn.args[1], fn.args[2], name="plane") as pl:
+        base = mul(b, pl, i64(p.y_plane))
+        fill(base, top * pitch)
+        fill(add(b, base, i64((top + g.oh) * pitch)), bottom * pitch)
+        with _loop(b, i64(top), i64(top + g.oh), name="row") as r:
+            row = add(b, base, mul(b, r, i64(pitch)))
+            fill(row, left)
+            fill(add(b, row, i64(left + g.ow)), right)
+    b.ret_void()
+    return fn
+
+
 def _pack_blocks(g: ConvGeom, bounds: list[tuple[int, int]]) -> tuple[int, int]:
     """Phase columns [vlo, vend) a strided pack copies in blocks of PACK_LANES (the last block may
     overlap the one before): inside every phase's [lo, hi), reading only input columns inside the
@@ -524,8 +586,8 @@ class _Conv:
             oh0, col0 = b.udiv(ow0, i64(p.wq)), b.urem(ow0, i64(p.wq))
         else:
             col0 = ow0
-        yoff = add(b, mul(b, add(b, mul(b, n, i64(g.oc)), oc0), i64(g.oh * g.ow)),
-                   add(b, mul(b, oh0, i64(g.ow)), col0))
+        yoff = add(b, mul(b, add(b, mul(b, n, i64(g.oc)), oc0), i64(p.y_plane)),
+                   add(b, mul(b, oh0, i64(p.y_pitch)), add(b, col0, i64(p.y_origin))))
         nc = smin(b, i64(p.icb), b.sub(i64(g.icg), mul(b, kb, i64(p.icb))))
         first = b.icmp_signed("==", kb, i64(0))
         last = b.icmp_signed("==", kb, i64(p.ic_blocks - 1))
@@ -610,21 +672,21 @@ class _Micro:
         for r in range(p.rh):
             for j in range(p.nw):
                 if not p.segmented:
-                    pieces[r, j] = [(i64(r * g.ow + j * p.vw), self.cmask[j])]
+                    pieces[r, j] = [(i64(r * p.y_pitch + j * p.vw), self.cmask[j])]
                     continue
                 pos = add(b, col0, i64(j * p.vw))
                 row, col = b.udiv(pos, i64(p.wq)), b.urem(pos, i64(p.wq))
-                start = b.sub(add(b, mul(b, row, i64(g.ow)), col), col0)
+                start = b.sub(add(b, mul(b, row, i64(p.y_pitch)), col), col0)
                 pieces[r, j] = []
                 for k in range(1 + (p.wq + p.vw - 2) // p.wq):
                     lo = b.sub(i64(k * p.wq), col)
                     lanes = b.and_(col_bits[j], b.xor(bits_below(add(b, lo, i64(g.ow))), bits_below(lo)))
-                    pieces[r, j].append((add(b, start, i64(k * (g.ow - p.wq))), as_mask(lanes)))
+                    pieces[r, j].append((add(b, start, i64(k * (p.y_pitch - p.wq))), as_mask(lanes)))
         none = ir.Constant(mty, [0] * p.vw)
         self.pieces = {}
         for m, r, j in self.cells:
             ok = b.and_(b.icmp_signed("<", i64(m), vrows), b.icmp_signed("<", i64(r), vh))
-            self.pieces[m, r, j] = [(add(b, off, i64(m * g.oh * g.ow)), b.select(ok, mask, none))
+            self.pieces[m, r, j] = [(add(b, off, i64(m * p.y_plane)), b.select(ok, mask, none))
                                     for off, mask in pieces[r, j]]
 
     def _load_y(self, ptr: ir.Value, m: int, r: int, j: int) -> ir.Value:
