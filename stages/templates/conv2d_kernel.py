@@ -16,6 +16,8 @@ first to read, or, past L2, each tile's rows into a slab); the others run a sepa
 phase first. Threads split single output-channel tiles, so any layer splits evenly within a tile.
 With `flat`, the tile runs along that grid as one axis (output rows `wq` apart, the `wq - ow`
 padding columns computed and never stored), so narrow layers (28 wide) fill whole vectors.
+In a whole-model build a stride-1 conv may get X already in its packed layout (`x_padded`: the
+conv before wrote its output inside this conv's zero padding, `y_pad`) and skip the pack.
 A 1x1, stride-1, unpadded conv skips the pack: its grid is the image itself (`wq == ow`), so
 flat it is a GEMM over the flattened image (weights packed into panels, the image read in place).
 Group convolutions tile the global output-channel axis: a tile inside one group shares its
@@ -103,7 +105,7 @@ class Plan:
 
     @property
     def gemm(self) -> bool:
-        """X is read in place (no pack phase)."""
+        """A 1x1, stride-1, unpadded conv: a GEMM over the flattened image, read in place."""
         return self.g.is_1x1_gemm
 
     @property
