@@ -3,7 +3,8 @@
 Per model and thread count: tune every task under the stated global trial budget (gradient task
 scheduler, lgbm tuner; logs kept in --logs so a rerun resumes), build the tuned library and the
 default-schedule library, check both against onnxruntime (rtol 1e-3), then time the three
-interleaved (median of 5 rounds x 40 calls each) in this process, which never ran the tuner.
+interleaved (15 rounds x 40 calls each; ratios are medians of per-round ratios) in this process,
+which never ran the tuner.
 Also: the CNN's build time without tuning, and the ONNX backend conformance counts. Writes the
 `models` section of benchmarks/RESULTS.md.
 
@@ -38,12 +39,13 @@ from stages.graph.passes import optimize  # noqa: E402
 from stages.graph.tasks import extract_tasks  # noqa: E402
 from stages.log import TuningLog  # noqa: E402
 from stages.runtime import load  # noqa: E402
-from stages.runtime.compare import compare, onnxruntime_runner, random_feeds  # noqa: E402
+from stages.runtime.compare import compare, onnxruntime_runner, paired_ratio, random_feeds  # noqa: E402
 
 MODELS = ROOT / "data" / "models"
 # About 80 trials per task: the CNN's 10 tasks tune in ~2.5 min per thread count here. At 20 per task
 # (the budgets before) the CNN measured 1.02-1.03x onnxruntime at 1 thread, at 80 per task 0.96x.
 BUDGET = {"cnn": 800, "mlp": 240, "transformer": 600}
+ROUNDS = 15
 
 
 def bench_model(name: str, threads: int, budget: int, logs: Path, target: Target) -> dict:
@@ -74,11 +76,13 @@ def bench_model(name: str, threads: int, budget: int, logs: Path, target: Target
     ok = all(np.allclose(got, w, rtol=1e-3, atol=1e-4) for m in (default, tuned)
              for got, w in zip(m.run(**feeds).values(), want, strict=True))
     stats = compare({"default": lambda: default.run(**feeds), "tuned": lambda: tuned.run(**feeds),
-                     "onnxruntime": lambda: ort(feeds)}, number=40, rounds=5)
+                     "onnxruntime": lambda: ort(feeds)}, number=40, rounds=ROUNDS)
     kinds = collections.Counter(op.kind for op in tuned_m.ops)
     return {"model": name, "threads": threads, "budget": budget, "tune_s": tune_s, "new": new_records,
             "tasks": len(tasks),
             "ms": {k: v["median_ms"] for k, v in stats.items()}, "ok": ok, "kinds": dict(kinds),
+            "tuned_ort": paired_ratio(stats, "tuned", "onnxruntime"),
+            "default_tuned": paired_ratio(stats, "default", "tuned"),
             "build_s": default_m.build_s}
 
 
@@ -100,8 +104,9 @@ def report(rows: list[dict], counts, failed, skipped, cnn_build_s: float | None,
              f"Machine: {platform.machine()}, CPU `{Target.host().cpu}`, {Target.host().cores} cores. Budgets are "
              "global trial budgets over each model's tunable tasks (gradient task scheduler, lgbm tuner, batches of "
              "8); a resumed log (`--logs`) tunes only what its budget still allows, so `tune s` counts this run's "
-             "new records only. Latency: median of 200 calls, the three contenders interleaved in 5 rounds; inputs "
-             "batch 1.", "",
+             f"new records only. Latency: median of {ROUNDS * 40} calls, the three contenders interleaved in {ROUNDS} "
+             "rounds of 40 calls; ratios are medians of the per-round ratios (each round's contenders share the "
+             "machine's drift); inputs batch 1.", "",
              "| model | threads | trials | records new this run | tune s | default ms | tuned ms | onnxruntime ms | "
              "tuned/ort | default/tuned | matches ort | kernels |",
              "|---|---|---|---|---|---|---|---|---|---|---|---|"]
@@ -110,8 +115,8 @@ def report(rows: list[dict], counts, failed, skipped, cnn_build_s: float | None,
         kinds = ", ".join(f"{n} {k}" for k, n in sorted(r["kinds"].items()))
         lines.append(f"| {r['model']} | {r['threads']} | {r['budget']} | {r['new']} | {r['tune_s']:.0f} | "
                      f"{ms['default']:.3f} | "
-                     f"{ms['tuned']:.3f} | {ms['onnxruntime']:.3f} | {ms['tuned'] / ms['onnxruntime']:.2f}x | "
-                     f"{ms['default'] / ms['tuned']:.2f}x | {'yes' if r['ok'] else 'NO'} | {kinds} |")
+                     f"{ms['tuned']:.3f} | {ms['onnxruntime']:.3f} | {r['tuned_ort']:.2f}x | "
+                     f"{r['default_tuned']:.2f}x | {'yes' if r['ok'] else 'NO'} | {kinds} |")
     lines += ["", "Goals: tuned <= 1.0x onnxruntime on the CNN and the transformer block; tuned >= 1.5x faster than "
               "the default-schedule build. `generic` kernels are anchors no template serves yet (run-time weights, "
               "or no template for the op): correct, untuned.", ""]

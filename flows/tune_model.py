@@ -64,7 +64,7 @@ def charts(log_path: str, out_dir: str, target_key: str, threads: int) -> list[s
 
 
 @task(name="latency", task_run_name="latency tuned vs default", cache_policy=NO_CACHE)
-def latency(tuned: str, default: str) -> dict[str, dict[str, float]]:
+def latency(tuned: str, default: str) -> dict[str, dict]:
     """End-to-end latency of the tuned and the default-schedule library, interleaved in one process."""
     models = {"tuned": load(tuned), "default": load(default)}
     feeds = random_feeds(models["tuned"])

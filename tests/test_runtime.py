@@ -118,3 +118,18 @@ def test_bundled_models_match_onnxruntime(name, threads, tmp_path):
     for _ in range(50):
         for got, expected in zip(model.run(**feeds).values(), want, strict=True):
             np.testing.assert_allclose(got, expected, rtol=1e-3, atol=1e-4)
+
+
+def test_compare_keeps_each_rounds_median_and_ratios_pair_rounds():
+    from stages.runtime.compare import compare, paired_ratio
+
+    calls = {"a": 0, "b": 0}
+
+    def call(name):
+        calls[name] += 1
+
+    stats = compare({"a": lambda: call("a"), "b": lambda: call("b")}, number=4, rounds=3, warmup=1)
+    assert calls == {"a": 15, "b": 15} and all(len(s["round_ms"]) == 3 and s["calls"] == 12 for s in stats.values())
+    # A machine twice as slow in the last round: the per-round ratio is still 2.
+    drift = {"a": {"round_ms": [2.0, 2.0, 4.0]}, "b": {"round_ms": [1.0, 1.0, 2.0]}}
+    assert paired_ratio(drift, "a", "b") == 2.0 and paired_ratio(drift, "b", "a") == 0.5

@@ -34,9 +34,10 @@ def random_feeds(model: Model, seed: int = 0) -> dict[str, np.ndarray]:
 
 
 def compare(contenders: dict[str, Callable[[], object]], number: int = 20, rounds: int = 5,
-            warmup: int = 3) -> dict[str, dict[str, float]]:
-    """Latency stats (ms) per contender; each callable runs the model once."""
-    times: dict[str, list[float]] = {name: [] for name in contenders}
+            warmup: int = 3) -> dict[str, dict]:
+    """Latency stats (ms) per contender over all its calls, plus `round_ms`: its median in each round
+    (see `paired_ratio`); each callable runs the model once."""
+    times: dict[str, list[list[float]]] = {name: [] for name in contenders}
     names = list(contenders)
     for r in range(rounds):
         for name in names[r % len(names):] + names[:r % len(names)]:
@@ -44,11 +45,21 @@ def compare(contenders: dict[str, Callable[[], object]], number: int = 20, round
             settle()
             for _ in range(warmup):
                 fn()
+            turn = []
             for _ in range(number):
                 t0 = time.perf_counter()
                 fn()
-                times[name].append(time.perf_counter() - t0)
-    return {name: latency_stats(ts) for name, ts in times.items()}
+                turn.append(time.perf_counter() - t0)
+            times[name].append(turn)
+    return {name: {**latency_stats([t for turn in turns for t in turn]),
+                   "round_ms": [float(np.median(turn) * 1e3) for turn in turns]}
+            for name, turns in times.items()}
+
+
+def paired_ratio(stats: dict[str, dict], a: str, b: str) -> float:
+    """Median over rounds of a's latency / b's in the same round: the machine's speed drifts by more
+    than the gaps measured here (whole runs 10-15% apart), and a round's contenders share its drift."""
+    return float(np.median(np.array(stats[a]["round_ms"]) / np.array(stats[b]["round_ms"])))
 
 
 def max_rel_error(got: np.ndarray, want: np.ndarray) -> float:

@@ -24,7 +24,7 @@ def demo(
 
     from schemas import MeasureOptions, Target, TuningOptions
     from stages.runtime import load
-    from stages.runtime.compare import compare, max_rel_error, onnxruntime_runner, random_feeds
+    from stages.runtime.compare import compare, max_rel_error, onnxruntime_runner, paired_ratio, random_feeds
     from tunaflow.commands.model import _build, _graph, tune_model
 
     model = DATA / "models" / "cnn.onnx"
@@ -51,11 +51,11 @@ def demo(
     table = Table(title=f"{model.name}, batch 1, {threads} thread(s), median of 100 interleaved calls")
     for col in ("", "median ms", "p90 ms", "vs onnxruntime"):
         table.add_column(col, justify="left" if not col else "right")
-    ref = stats["onnxruntime"]["median_ms"]
     for name, s in stats.items():
-        table.add_row(name, f"{s['median_ms']:.3f}", f"{s['p90_ms']:.3f}", f"{s['median_ms'] / ref:.2f}x")
+        table.add_row(name, f"{s['median_ms']:.3f}", f"{s['p90_ms']:.3f}",
+                      f"{paired_ratio(stats, name, 'onnxruntime'):.2f}x")
     out.print(table)
-    speedup = stats["default-schedule library"]["median_ms"] / stats["tuned library"]["median_ms"]
+    speedup = paired_ratio(stats, "default-schedule library", "tuned library")
     out.print(f"tuned vs default schedules: [bold green]{speedup:.2f}x faster[/]; max relative difference from "
               f"onnxruntime: tuned {errors['tuned']:.1e}, default {errors['default']:.1e}")
     tuned_tasks = sum(1 for t in report["tasks"] if t["best_gflops"] > 0)
