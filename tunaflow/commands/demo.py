@@ -14,7 +14,7 @@ DATA = Path(__file__).resolve().parent.parent.parent / "data"
 
 
 def demo(
-    trials: Annotated[int, typer.Option(help="trial budget over all of the CNN's tasks")] = 160,
+    trials: Annotated[int, typer.Option(help="trial budget over all of the CNN's tasks")] = 480,
     threads: Annotated[int, typer.Option(help="threads the kernels are tuned, built and run with")] = 1,
     runs: Annotated[Path, typer.Option(help="where the demo's log, libraries and charts go")] = Path("runs"),
     prefect: Annotated[bool, typer.Option("--prefect/--no-prefect", help="run the tuning as a Prefect flow")] = True,
