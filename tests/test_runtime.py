@@ -111,7 +111,10 @@ def test_bundled_models_match_onnxruntime(name, threads, tmp_path):
     from tunaflow.commands.demo import DATA
 
     path = DATA / "models" / f"{name}.onnx"
-    build_library(optimize(load_model(path)), Target.host(), tmp_path / "lib", threads=threads)
+    manifest = build_library(optimize(load_model(path)), Target.host(), tmp_path / "lib", threads=threads)
+    if name == "cnn":  # four conv pairs hand over padded tensors (stages/build/halo.py)
+        layouts = {op.node: op.layout for op in manifest.ops if op.layout}
+        assert layouts["Conv_16"] == "y padded 1,1,1,1" and layouts["Conv_27"] == "x padded" and len(layouts) == 8
     model = load(tmp_path / "lib")
     feeds = {i.name: RNG.standard_normal(i.shape).astype(np.float32) for i in model.inputs}
     want = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"]).run(None, feeds)

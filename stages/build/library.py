@@ -169,7 +169,7 @@ def _lower(graph: Graph, module: ir.Module, choices: dict[str, Choice], target: 
             low.constants.update(packed)
             low.objects.append(obj)
             low.calls.append(_Call(node, symbol, slots, anchor=True))
-            low.infos.append(_anchor_info(node, choices[node.task.signature]))
+            low.infos.append(_anchor_info(node, choices[node.task.signature], halo.halos.get(node.name)))
         elif node.op in ALIASES and node.outputs[0] not in outputs:
             low.root[node.outputs[0]] = low.root.get(node.inputs[0], node.inputs[0])
             low.infos.append(OpInfo(node=node.name, op=node.op, kind="alias"))
@@ -253,13 +253,19 @@ def _fallbacks(choices: dict[str, Choice], generic: dict[str, str]) -> str | Non
     return "\n".join(lines) or None
 
 
-def _anchor_info(node: Node, choice: Choice) -> OpInfo:
+def _anchor_info(node: Node, choice: Choice, halo: Halo | None) -> OpInfo:
     rec = choice.record
+    layout = None
+    if halo is not None:
+        parts = (["x padded"] if halo.x_padded else []) + ([f"y padded {','.join(map(str, halo.y_pad))}"]
+                                                           if any(halo.y_pad) else [])
+        layout = "; ".join(parts)
     return OpInfo(
         node=node.name, op=node.op, kind="tuned" if rec else "default", task=choice.task.description,
         task_signature=choice.task.signature, knobs=dict(choice.config.knobs),
         record=None if rec is None else {"session_id": rec.session_id, "trial": rec.trial,
                                          "median_s": rec.result.median, "gflops": rec.gflops},
+        layout=layout,
     )
 
 

@@ -36,6 +36,7 @@ class OpInfo(BaseModel):
     task_signature: str | None = None
     knobs: dict[str, int | str] | None = None
     record: dict | None = None  # session_id, trial, median_s, gflops of the record used
+    layout: str | None = None  # a conv's padded hand-off: "x padded", "y padded t,l,b,r", or both
 
 
 class Manifest(BaseModel):
