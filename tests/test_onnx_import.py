@@ -266,3 +266,12 @@ def test_a_causal_mask_built_from_shapes_folds_to_a_constant(tmp_path):
     x = np.random.default_rng(8).standard_normal((2, 5, 5)).astype(np.float32)
     expected = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
     np.testing.assert_allclose(reference.run(g, {"x": x})["y"], expected, rtol=1e-6)
+
+
+def test_tile_repeats_must_be_one_count_per_axis(tmp_path):
+    reps = numpy_helper.from_array(np.array([1, 2], np.int64), "reps")
+    path = save(tmp_path, [helper.make_node("Tile", ["x", "reps"], ["y"], name="tile")], [vi("x", [2, 3, 4])],
+                [vi("y", [2, 6, 4])], [reps], opset=13)
+    with pytest.raises(ModelError, match=r"Tile 'tile': repeats \[1, 2\] must be one non-negative count per axis "
+                                         r"of its 3-D input"):
+        load_model(path)

@@ -1,11 +1,12 @@
 """ONNX nodes → tunaflow's normalised nodes, whatever the opset (6 to current).
 
 Parameters that later opsets moved from attributes to inputs (Clip min/max, Reshape shape, Split
-sizes, Slice starts/ends, Pad pads, ReduceMean and Squeeze axes) must be constants after folding;
-they become attributes, resolved against the static input shapes (see stages/graph/reference.py
-for the normalised attributes). A few ops are rewritten on the way: Squeeze/Unsqueeze become
-Reshape, opset < 13 Softmax over trailing axes becomes Reshape-Softmax-Reshape, and 1-D Conv and
-pooling run as 2-D ones on a height of one.
+sizes, Slice starts/ends, Pad pads, Reduce* and Squeeze axes; Tile repeats too) must be constants
+after folding; they become attributes, resolved against the static input shapes (see
+stages/graph/reference.py for the normalised attributes). A few ops are rewritten on the way:
+Squeeze/Unsqueeze become Reshape, opset < 13 Softmax over trailing axes becomes
+Reshape-Softmax-Reshape, an opset < 7 PRelu's per-channel slope is reshaped to broadcast over
+axis 1, and 1-D Conv and pooling run as 2-D ones on a height of one.
 """
 
 from __future__ import annotations
@@ -304,7 +305,7 @@ def _tile(ins, outs, raw, ctx) -> list[Emit]:
 def _prelu(ins, outs, raw, ctx) -> list[Emit]:
     """Before opset 7 a 1-D slope of C values is per channel (axis 1), not numpy-broadcast on the last axis."""
     x, slope = ctx.shape(ins[0]), ctx.shape(ins[1])
-    if ctx.opset >= 7 or len(slope) != 1 or len(x) < 3 or slope[0] in (1, x[-1]) and slope[0] != x[1]:
+    if not (ctx.opset < 7 and len(slope) == 1 and len(x) >= 3 and slope[0] == x[1] != 1):
         return _plain(ins, outs, raw, ctx)
     per_channel = ctx.fresh(ins[1])
     return [("Reshape", [ins[1]], [per_channel], {"shape": [slope[0]] + [1] * (len(x) - 2)}),
