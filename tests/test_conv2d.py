@@ -363,15 +363,19 @@ HALO_KNOBS = [dict(vw=16, mr=6, nw=1, rh=1, icb=8, order="hwc", unroll=0, uk=2, 
 
 
 @pytest.mark.parametrize("knobs", HALO_KNOBS)
-@pytest.mark.parametrize("threads", [1, 2])
-def test_a_conv_writes_inside_zero_borders_that_the_next_conv_reads_as_its_padding(knobs, threads):
-    """Producer Y stored with the consumer's pads (borders zeroed over whatever the buffer held), the
-    consumer skipping its pack: the same result as both convs on plain tensors."""
+@pytest.mark.parametrize("threads,flat_producer", [(1, False), (2, False), (2, True)])
+def test_a_conv_writes_inside_zero_borders_that_the_next_conv_reads_as_its_padding(knobs, threads, flat_producer):
+    """Producer Y stored with the consumer's pads (borders zeroed over whatever the buffer held; a flat
+    producer's vectors span rows), the consumer skipping its pack: the same result as both convs on
+    plain tensors."""
     first = conv2d.conv2d_task((2, 5, 14, 19), (16, 5, 3, 3), (2, 1), (1, 1, 1, 1), (1, 1), 1,
                                parse_epilogue("bias,relu"))
     second = conv2d.conv2d_task((2, 16, 7, 19), (20, 16, 3, 3), (1, 1), (1, 2, 0, 1), (1, 1), 1,
                                 parse_epilogue("bias,residual_add"))
     k1 = conv2d.default_config(first, HOST).knobs
+    if flat_producer:
+        k1 = {**k1, "flat": 1, "rh": 1, "vw": 8, "nw": 2, "mr": 4, "axis": "w", "par": "oh", "icb": 2, "ocn": 2}
+        assert conv2d.space(first, HOST).reason(k1) is None
     assert conv2d.space(second, HOST).reason(knobs) is None
     pads, floats = conv2d.padded_input(second, knobs)
     assert pads == (1, 2, 0, 1) and floats >= 2 * 16 * (7 + 1) * (19 + 3)
