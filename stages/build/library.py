@@ -255,17 +255,12 @@ def _fallbacks(choices: dict[str, Choice], generic: dict[str, str]) -> str | Non
 
 def _anchor_info(node: Node, choice: Choice, halo: Halo | None) -> OpInfo:
     rec = choice.record
-    layout = None
-    if halo is not None:
-        parts = (["x padded"] if halo.x_padded else []) + ([f"y padded {','.join(map(str, halo.y_pad))}"]
-                                                           if any(halo.y_pad) else [])
-        layout = "; ".join(parts)
     return OpInfo(
         node=node.name, op=node.op, kind="tuned" if rec else "default", task=choice.task.description,
         task_signature=choice.task.signature, knobs=dict(choice.config.knobs),
         record=None if rec is None else {"session_id": rec.session_id, "trial": rec.trial,
                                          "median_s": rec.result.median, "gflops": rec.gflops},
-        layout=layout,
+        layout=None if halo is None else halo.label,
     )
 
 

@@ -70,6 +70,12 @@ class Halo:
     x_padded: bool = False
     y_pad: tuple[int, int, int, int] = (0, 0, 0, 0)  # top, left, bottom, right
 
+    @property
+    def label(self) -> str:
+        """As the manifest shows it: "x padded", "y padded 1,1,1,1", or both."""
+        parts = ["x padded"] * self.x_padded + [f"y padded {','.join(map(str, self.y_pad))}"] * any(self.y_pad)
+        return "; ".join(parts)
+
 
 NO_HALO = Halo()
 
