@@ -54,6 +54,7 @@ def test_build_then_run_with_inputs_outputs_and_bench(model, tmp_path):
     assert r.returncode == 0, r.stderr
     built = json.loads(r.stdout)
     assert built["ops"]["default"] == 2 and built["ops"]["generated"] >= 3 and built["log_digest"] is None
+    assert built["padded_hand_offs"] == 0  # its only conv reads the graph input
     assert "use the default schedule" in built["fallback"]
     manifest = json.loads((lib / "manifest.json").read_text())
     assert manifest["inputs"] == [{"name": "x", "shape": [1, 3, 8, 8], "dtype": "float32"}]

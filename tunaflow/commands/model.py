@@ -61,7 +61,8 @@ def build_summary(manifest, output: Path) -> dict:
     return {"library": str(output), "ops": kinds, "threads": manifest.threads, "target_key": manifest.target_key,
             "log_digest": manifest.log_digest, "workspace_bytes": manifest.workspace_bytes,
             "naive_workspace_bytes": manifest.naive_workspace_bytes, "weights_bytes": manifest.weights_bytes,
-            "build_s": round(manifest.build_s, 2)}
+            "build_s": round(manifest.build_s, 2),
+            "padded_hand_offs": sum(1 for op in manifest.ops if op.layout and "x padded" in op.layout)}
 
 
 def _print_build(s: dict) -> None:
@@ -69,6 +70,8 @@ def _print_build(s: dict) -> None:
     out.print(f"built    : {s['library']} ({ops}; {s['threads']} thread(s); {s['build_s']:.1f} s)")
     out.print(f"memory   : workspace {s['workspace_bytes'] / 2**20:.2f} MiB (without reuse "
               f"{s['naive_workspace_bytes'] / 2**20:.2f} MiB), weights {s['weights_bytes'] / 2**20:.2f} MiB")
+    if s["padded_hand_offs"]:
+        out.print(f"layout   : {s['padded_hand_offs']} conv input(s) written padded by the op before (no pack)")
 
 
 def build(
