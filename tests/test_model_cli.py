@@ -119,3 +119,10 @@ def test_tune_model_flow(model, tmp_path, prefect_server):
     assert sum(trials) == 4 and min(trials) >= 1
     assert {op.kind for op in result["manifest"].ops} == {"tuned", "generated", "alias"}
     assert (tmp_path / "lib" / "model.so").is_file() and len(result["charts"]) == 2
+
+
+def test_tune_budget_defaults_to_a_fixed_number_of_trials_per_tunable_task(model):
+    from tunaflow.commands.model import TRIALS_PER_TASK, _graph, default_budget
+
+    assert default_budget(_graph(model, None)) == 2 * TRIALS_PER_TASK  # the conv and the gemm
+    assert default_budget(_graph(Path(__file__).parents[1] / "data" / "models" / "cnn.onnx", None)) == 640

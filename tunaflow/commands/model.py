@@ -180,13 +180,25 @@ def _feeds(model, inputs: Path | None) -> dict:
     return arrays
 
 
+TRIALS_PER_TASK = 64  # the bundled CNN's 10 tasks: 640 trials, about 2 minutes on 2 cores here
+
+
+def default_budget(graph) -> int:
+    """`tunaflow tune`'s budget when none is given: TRIALS_PER_TASK for each tunable task."""
+    from stages.build.tune_all import tunable
+    from stages.graph.tasks import extract_tasks
+
+    return TRIALS_PER_TASK * max(1, sum(tunable([t.task])[0] for t in extract_tasks(graph)))
+
+
 def tune(
     model: Annotated[Path, typer.Argument(help="the ONNX model")],
     output: Annotated[Path, typer.Option("-o", "--output", help="directory to write the library into")],
     log: Annotated[Path, typer.Option(help="tuning log directory (created if missing; a rerun resumes)")]
     = Path("tuning-log"),
-    trials: Annotated[int, typer.Option(help="trial budget over all tasks, counting those already in the log")]
-    = 64,
+    trials: Annotated[int | None, typer.Option(
+        help=f"trial budget over all tasks, counting those already in the log (default: {TRIALS_PER_TASK} per "
+             "tunable task)", show_default=False)] = None,
     scheduler: Annotated[str, typer.Option(help="which task gets the next batch: gradient or round-robin")]
     = "gradient",
     threads: Annotated[int, typer.Option(help="threads each kernel is tuned and built with")] = 1,
@@ -212,6 +224,8 @@ def tune(
     from schemas import MeasureOptions, TuningOptions
 
     tgt = _target(target)
+    if trials is None:
+        trials = default_budget(_graph(model, input_shape))
     try:
         spec, tgt = runner_choice(runner, key, tracker, token_file, tgt, target)
         options = TuningOptions(n_trials=trials, tuner=tuner, seed=seed, batch_size=batch_size,
