@@ -113,7 +113,8 @@ def test_every_generated_op_matches_the_reference(tmp_path, host):
 @pytest.mark.filterwarnings("ignore:overflow encountered in exp")  # Exp(100) is inf for both
 def test_the_smaller_element_wise_and_reduction_ops_match_the_reference(tmp_path, host):
     """Ops the backend cases do not reach: unary maths, HardSigmoid, variadic Max/Min/Mean with
-    broadcasting, GlobalMaxPool, Tile, ReduceSum/Max/Min; Softplus stays finite where e^x overflows."""
+    broadcasting, GlobalMaxPool, Tile, InstanceNormalization, ReduceSum/Max/Min; Softplus stays finite
+    where e^x overflows."""
     x = _const((2, 3, 5, 4), -3, 3)
     x[0, 0, 0, :2] = (100.0, -100.0)
     g = _G(x=x)
@@ -127,6 +128,8 @@ def test_the_smaller_element_wise_and_reduction_ops_match_the_reference(tmp_path
     c = g.const("row", _const((4,)))
     outs += [g.add("Max", ["x", c, pos]), g.add("Min", ["x", c]), g.add("Mean", ["x", c, pos])]
     outs += [g.add("GlobalMaxPool", ["x"]), g.add("Tile", ["x"], repeats=[1, 2, 1, 3])]
+    outs.append(g.add("InstanceNormalization", ["x", g.const("s", _const((3,))), g.const("t", _const((3,)))],
+                      epsilon=1e-5))
     outs += [g.add(op, ["x"], axes=[1, 3], keepdims=k) for op, k in (("ReduceSum", 1), ("ReduceMax", 0),
                                                                        ("ReduceMin", 1))]
     graph = g.graph(outs)

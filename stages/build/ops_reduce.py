@@ -119,10 +119,25 @@ def layer_norm(ctx: OpCtx) -> None:
     shape = ctx.in_shape()
     outer, n, _ = _rows(ctx, axis, last=True)
     tail = shape[(axis + len(shape) if axis < 0 else axis):]
-    eps = float(ctx.attr("epsilon", 1e-5))
-    b, x, y = ctx.b, ctx.inp(), ctx.out()
     scale, shift = _affine_param(ctx, 1, tail, "ln_scale"), _affine_param(ctx, 2, tail, "ln_bias")
     stats = [ctx.out(j) if len(ctx.node.outputs) > j and ctx.node.outputs[j] else None for j in (1, 2)]
+    _normalize_rows(ctx, outer, n, lambda o, k: k, scale, shift, stats)
+
+
+def instance_norm(ctx: OpCtx) -> None:
+    """Each (image, channel) plane normalised, then that channel's scale and bias."""
+    shape = ctx.in_shape()
+    c = shape[1]
+    _normalize_rows(ctx, shape[0] * c, math.prod(shape[2:]), lambda o, k: ctx.b.urem(o, i64(c)), ctx.inp(1),
+                    ctx.inp(2), [None, None])
+
+
+def _normalize_rows(ctx: OpCtx, outer: int, n: int, param_at: Callable[[ir.Value, ir.Value], ir.Value],
+                    scale: ir.Value | None, shift: ir.Value | None, stats: list[ir.Value | None]) -> None:
+    """y = (x - mean) / sqrt(var + epsilon) * scale + shift over rows of `n`; `param_at(row, k)` indexes
+    scale and shift; `stats` receive each row's mean and 1/std where given."""
+    eps = float(ctx.attr("epsilon", 1e-5))
+    b, x, y = ctx.b, ctx.inp(), ctx.out()
     total, mean = ctx.local(), ctx.local()
     with for_range(b, i64(0), i64(outer), name="row") as o:
         base = mul(b, o, i64(n))
@@ -139,9 +154,9 @@ def layer_norm(ctx: OpCtx) -> None:
         with for_range(b, i64(0), i64(n), name="k") as k:
             v = b.fmul(b.fsub(_load(b, x, add(b, base, k)), m), rstd)
             if scale is not None:
-                v = b.fmul(v, _load(b, scale, k))
+                v = b.fmul(v, _load(b, scale, param_at(o, k)))
             if shift is not None:
-                v = b.fadd(v, _load(b, shift, k))
+                v = b.fadd(v, _load(b, shift, param_at(o, k)))
             _store(b, v, y, add(b, base, k))
         for ptr, val in zip(stats, (m, rstd), strict=True):
             if ptr is not None:
@@ -311,5 +326,6 @@ OPS: dict[str, Callable[[OpCtx], None]] = {
     "Softmax": _softmax(log=False),
     "LogSoftmax": _softmax(log=True),
     "LayerNormalization": layer_norm,
+    "InstanceNormalization": instance_norm,
     "LRN": lrn,
 }

@@ -92,7 +92,8 @@ def _reduce(s: list[Shape], a: dict) -> list[Shape]:
 SHAPES: dict[str, Callable[[list[Shape], dict], list[Shape]]] = {
     **{op: _same for op in ("Relu", "Sigmoid", "Tanh", "Erf", "Sqrt", "LeakyRelu", "Gelu", "Clip", "Softmax",
                             "LogSoftmax", "LRN", "LayerNormalization", "Abs", "Neg", "Exp", "Log", "Reciprocal",
-                            "Floor", "Ceil", "Sign", "Softplus", "Softsign", "Elu", "Selu", "HardSigmoid", "Shrink")},
+                            "Floor", "Ceil", "Sign", "Softplus", "Softsign", "Elu", "Selu", "HardSigmoid", "Shrink",
+                            "InstanceNormalization")},
     **{op: _broadcast for op in ("Add", "Sub", "Mul", "Div", "Pow", "Sum", "Max", "Min", "Mean", "PRelu")},
     "Conv": _conv, "MaxPool": _pool, "AveragePool": _pool, "MatMul": _matmul, "Gemm": _gemm,
     "BatchNormalization": _batch_norm,

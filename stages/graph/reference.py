@@ -10,9 +10,9 @@ are the importer's normalised ones (the same the library build reads):
   (non-negative), Split also `split` (sizes). Tile: `repeats`. Slice: `starts`, `steps` and
   `sizes` for every axis (element i of an axis is `starts + i * steps`). Pad: `pads` (all begins, then all
   ends), `mode`, `value`. Softmax / LogSoftmax: `axis` (one axis). LayerNormalization: `axis`,
-  `epsilon`. ReduceMean/Sum/Max/Min: `axes`, `keepdims`. Clip: `min`, `max`. LeakyRelu, Elu:
-  `alpha`. Selu: `alpha`, `gamma`. HardSigmoid: `alpha`, `beta`. Shrink: `bias`, `lambd`.
-  LRN: `size`, `alpha`, `beta`, `bias`. Gelu: `approximate`. Gemm: `alpha`, `beta`,
+  `epsilon`. InstanceNormalization: `epsilon`. ReduceMean/Sum/Max/Min: `axes`, `keepdims`.
+  Clip: `min`, `max`. LeakyRelu, Elu: `alpha`. Selu: `alpha`, `gamma`. HardSigmoid: `alpha`,
+  `beta`. Shrink: `bias`, `lambd`. LRN: `size`, `alpha`, `beta`, `bias`. Gelu: `approximate`. Gemm: `alpha`, `beta`,
   `transA`, `transB`. BatchNormalization: `epsilon`.
 - Anchors (`conv2d`, `dense`, `matmul`, `batch_matmul`) carry a `TuningTask`; their node inputs
   are the task inputs in order (X, W, then the epilogue tensors) and their tensors may be
@@ -172,6 +172,16 @@ def _layer_norm(args: list[np.ndarray], a: dict) -> list[np.ndarray]:
     return [(y + args[2] if len(args) > 2 else y).astype(x.dtype)]
 
 
+def _instance_norm(args: list[np.ndarray], a: dict) -> list[np.ndarray]:
+    x, scale, bias = args
+    axes = tuple(range(2, x.ndim))
+    mean = x.mean(axis=axes, keepdims=True)
+    var = ((x - mean) ** 2).mean(axis=axes, keepdims=True)
+    per_channel = (1, -1) + (1,) * (x.ndim - 2)
+    y = (x - mean) / np.sqrt(var + a.get("epsilon", 1e-5)) * scale.reshape(per_channel) + bias.reshape(per_channel)
+    return [y.astype(x.dtype)]
+
+
 def _lrn(x: np.ndarray, a: dict) -> np.ndarray:
     size = int(a["size"])
     sq = np.pad(x.astype(np.float64) ** 2, ((0, 0), ((size - 1) // 2, size // 2)) + ((0, 0),) * (x.ndim - 2))
@@ -283,6 +293,7 @@ OPS: dict[str, OpFn] = {
     "Slice": _unary(_slice),
     "Pad": _unary(_pad),
     "LayerNormalization": _layer_norm,
+    "InstanceNormalization": _instance_norm,
     "Gemm": _gemm,
     "MatMul": lambda args, a: [_same(args[0], np.matmul(args[0], args[1]))],
     "Conv": lambda args, a: [conv2d(args[0], args[1], a["strides"], a["pads"], a["dilations"], a["group"])
