@@ -139,3 +139,28 @@ def test_compare_keeps_each_rounds_median_and_ratios_pair_rounds():
     # A machine twice as slow in the last round: the per-round ratio is still 2.
     drift = {"a": {"round_ms": [2.0, 2.0, 4.0]}, "b": {"round_ms": [1.0, 1.0, 2.0]}}
     assert paired_ratio(drift, "a", "b") == 2.0 and paired_ratio(drift, "b", "a") == 0.5
+
+
+@pytest.mark.parametrize("attrs,x_shape,w_shape,out_hw", [
+    (dict(strides=[2, 2], pads=[1, 1, 1, 1], output_padding=[1, 1]), (1, 4, 5, 6), (4, 3, 3, 3), (10, 12)),
+    (dict(strides=[2, 3], dilations=[2, 1], group=2, auto_pad="SAME_UPPER"), (2, 4, 4, 5), (4, 3, 3, 3), (8, 15)),
+    (dict(strides=[3, 2], output_shape=[11, 9]), (1, 3, 4, 4), (3, 2, 2, 3), (11, 9)),
+])
+def test_conv_transpose_matches_onnxruntime(attrs, x_shape, w_shape, out_hw, tmp_path):
+    """Output padding, groups with dilation and SAME_UPPER, and an explicit output_shape; with a bias."""
+    import onnxruntime as ort
+
+    m = w_shape[1] * attrs.get("group", 1)
+    inits = [helper.make_tensor(n, TensorProto.FLOAT, a.shape, a.ravel()) for n, a in (
+        ("w", RNG.standard_normal(w_shape).astype(np.float32)), ("b", RNG.standard_normal(m).astype(np.float32)))]
+    graph = helper.make_graph([helper.make_node("ConvTranspose", ["x", "w", "b"], ["y"], **attrs)], "ct",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, list(x_shape))],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [x_shape[0], m, *out_hw])], inits)
+    path = tmp_path / "ct.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), path)
+    build_library(optimize(load_model(path)), Target.host(), tmp_path / "lib", threads=2)
+    x = RNG.standard_normal(x_shape).astype(np.float32)
+    got = load(tmp_path / "lib")(x)
+    want = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
+    assert got.shape == (x_shape[0], m, *out_hw)
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)

@@ -4,10 +4,11 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from stages.build import ops_elementwise, ops_layout, ops_reduce
+from stages.build import ops_conv_transpose, ops_elementwise, ops_layout, ops_reduce
 from stages.build.opctx import OpCtx, UnsupportedOp
 
-OPS: dict[str, Callable[[OpCtx], None]] = {**ops_elementwise.OPS, **ops_layout.OPS, **ops_reduce.OPS}
+OPS: dict[str, Callable[[OpCtx], None]] = {**ops_elementwise.OPS, **ops_layout.OPS, **ops_reduce.OPS,
+                                           **ops_conv_transpose.OPS}
 ALIASES = ops_layout.ALIASES
 
 

@@ -151,6 +151,34 @@ def _conv(ins, outs, raw, ctx) -> list[Emit]:
     return _windowed(ins, outs, raw, ctx, list(raw.get("kernel_shape", w[2:])))
 
 
+def _conv_transpose(ins, outs, raw, ctx) -> list[Emit]:
+    """Explicit 2-D attributes: pads from `pads`, `auto_pad` or `output_shape` (which wins), resolved
+    as the ONNX spec does; `output_padding` extends the end of each axis."""
+    x, w = ctx.shape(ins[0]), ctx.shape(ins[1])
+    kernel = list(raw.get("kernel_shape", w[2:]))
+    if len(kernel) != 2 or len(x) != 4:
+        raise ModelError(f"ConvTranspose {ctx.node!r}: only 2-D windows are supported, this one is "
+                         f"{len(kernel)}-D")
+    strides, dilations = list(raw.get("strides", [1, 1])), list(raw.get("dilations", [1, 1]))
+    extra = list(raw.get("output_padding", [0, 0]))
+    full = [s * (i - 1) + e + (k - 1) * d + 1 for i, k, s, d, e in zip(x[2:], kernel, strides, dilations, extra,
+                                                                         strict=True)]
+    auto = raw.get("auto_pad", "NOTSET")
+    if "output_shape" in raw or auto in ("SAME_UPPER", "SAME_LOWER"):
+        wanted = list(raw["output_shape"])[-2:] if "output_shape" in raw else [i * s for i, s in zip(x[2:], strides,
+                                                                                                          strict=True)]
+        totals = [f - o for f, o in zip(full, wanted, strict=True)]
+        if any(t < 0 for t in totals):
+            raise ModelError(f"ConvTranspose {ctx.node!r}: output shape {wanted} exceeds the {full} its window, "
+                             "strides and output_padding can reach")
+        begins = [t // 2 if auto == "SAME_UPPER" else t - t // 2 for t in totals]
+        pads = begins + [t - b for t, b in zip(totals, begins, strict=True)]
+    else:
+        pads = [0] * 4 if auto == "VALID" else list(raw.get("pads", [0] * 4))
+    return [("ConvTranspose", ins, outs[:1], {"strides": strides, "dilations": dilations, "pads": pads,
+                                               "output_padding": extra, "group": int(raw.get("group", 1))})]
+
+
 def _pool(ins, outs, raw, ctx) -> list[Emit]:
     return _windowed(ins, outs, raw, ctx, list(raw["kernel_shape"]))
 
@@ -344,7 +372,8 @@ NORMALIZERS: dict[str, Callable[..., list[Emit]]] = {
     "Shrink": _keep(("bias", 0.0), ("lambd", 0.5)),
     "ReduceSum": _reduce(13), "ReduceMax": _reduce(18), "ReduceMin": _reduce(18),
     "Gelu": _keep(("approximate", "none")),
-    "Clip": _clip, "Conv": _conv, "MaxPool": _pool, "AveragePool": _pool, "Gemm": _gemm,
+    "Clip": _clip, "Conv": _conv, "ConvTranspose": _conv_transpose, "MaxPool": _pool, "AveragePool": _pool,
+    "Gemm": _gemm,
     "BatchNormalization": _batch_norm, "Reshape": _reshape, "Flatten": _flatten, "Squeeze": _squeeze,
     "Unsqueeze": _unsqueeze, "Transpose": _transpose, "Concat": _concat, "Split": _split, "Slice": _slice,
     "Pad": _pad, "Softmax": _softmax, "LogSoftmax": _softmax, "LayerNormalization": _layer_norm,

@@ -30,6 +30,18 @@ def _conv(s: list[Shape], a: dict) -> list[Shape]:
     return [(n, o, pool_out(h, kh, sh, pt, pb, dh, 0), pool_out(w, kw, sw, pl, pr, dw, 0))]
 
 
+def _conv_transpose(s: list[Shape], a: dict) -> list[Shape]:
+    (n, c, h, w), (cw, mg, kh, kw) = s[0], s[1]
+    g = a["group"]
+    if c != cw or c % g:
+        raise ValueError(f"input {list(s[0])} and weight {list(s[1])} do not fit group={g}")
+    if len(s) > 2 and s[2] != (mg * g,):
+        raise ValueError(f"bias {list(s[2])} does not match the {mg * g} output channels")
+    (sh, sw), (dh, dw), (pt, pl, pb, pr), (eh, ew) = a["strides"], a["dilations"], a["pads"], a["output_padding"]
+    oh = sh * (h - 1) + eh + (kh - 1) * dh + 1 - pt - pb
+    return [(n, mg * g, oh, sw * (w - 1) + ew + (kw - 1) * dw + 1 - pl - pr)]
+
+
 def _pool(s: list[Shape], a: dict) -> list[Shape]:
     *lead, h, w = s[0]
     (kh, kw), (sh, sw), (dh, dw), (pt, pl, pb, pr) = a["kernel_shape"], a["strides"], a["dilations"], a["pads"]
@@ -95,8 +107,8 @@ SHAPES: dict[str, Callable[[list[Shape], dict], list[Shape]]] = {
                             "Floor", "Ceil", "Sign", "Softplus", "Softsign", "Elu", "Selu", "HardSigmoid", "Shrink",
                             "InstanceNormalization")},
     **{op: _broadcast for op in ("Add", "Sub", "Mul", "Div", "Pow", "Sum", "Max", "Min", "Mean", "PRelu")},
-    "Conv": _conv, "MaxPool": _pool, "AveragePool": _pool, "MatMul": _matmul, "Gemm": _gemm,
-    "BatchNormalization": _batch_norm,
+    "Conv": _conv, "ConvTranspose": _conv_transpose, "MaxPool": _pool, "AveragePool": _pool, "MatMul": _matmul,
+    "Gemm": _gemm, "BatchNormalization": _batch_norm,
     **{op: (lambda s, a: [s[0][:2] + (1,) * (len(s[0]) - 2)]) for op in ("GlobalAveragePool", "GlobalMaxPool")},
     "Reshape": lambda s, a: [tuple(a["shape"])], "Flatten": lambda s, a: [tuple(a["shape"])],
     "Transpose": lambda s, a: [tuple(s[0][p] for p in a["perm"])],

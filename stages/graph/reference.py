@@ -13,7 +13,8 @@ are the importer's normalised ones (the same the library build reads):
   `epsilon`. InstanceNormalization: `epsilon`. ReduceMean/Sum/Max/Min: `axes`, `keepdims`.
   Clip: `min`, `max`. LeakyRelu, Elu: `alpha`. Selu: `alpha`, `gamma`. HardSigmoid: `alpha`,
   `beta`. Shrink: `bias`, `lambd`. LRN: `size`, `alpha`, `beta`, `bias`. Gelu: `approximate`. Gemm: `alpha`, `beta`,
-  `transA`, `transB`. BatchNormalization: `epsilon`.
+  `transA`, `transB`. BatchNormalization: `epsilon`. ConvTranspose: `strides`, `dilations`,
+  `pads` (top, left, bottom, right), `output_padding`, `group`.
 - Anchors (`conv2d`, `dense`, `matmul`, `batch_matmul`) carry a `TuningTask`; their node inputs
   are the task inputs in order (X, W, then the epilogue tensors) and their tensors may be
   contiguous reshapes of the task's specs (a dense over [1, S, K] activations has X spec (S, K)).
@@ -172,6 +173,27 @@ def _layer_norm(args: list[np.ndarray], a: dict) -> list[np.ndarray]:
     return [(y + args[2] if len(args) > 2 else y).astype(x.dtype)]
 
 
+def _conv_transpose(args: list[np.ndarray], a: dict) -> list[np.ndarray]:
+    """Scatter form: each input pixel adds its weighted window to the full output, then the pads are cropped."""
+    x, w = args[0].astype(np.float64), args[1].astype(np.float64)
+    n, c, h, wd = x.shape
+    g, (mg, kh, kw) = a["group"], w.shape[1:]
+    cg = c // g
+    (sh, sw), (dh, dw), (pt, pl, pb, pr), (eh, ew) = a["strides"], a["dilations"], a["pads"], a["output_padding"]
+    fh, fw = sh * (h - 1) + eh + (kh - 1) * dh + 1, sw * (wd - 1) + ew + (kw - 1) * dw + 1
+    y = np.zeros((n, g * mg, fh, fw))
+    for gi in range(g):
+        xg, wg = x[:, gi * cg:(gi + 1) * cg], w[gi * cg:(gi + 1) * cg]
+        for ky in range(kh):
+            for kx in range(kw):
+                y[:, gi * mg:(gi + 1) * mg, ky * dh:ky * dh + sh * (h - 1) + 1:sh,
+                  kx * dw:kx * dw + sw * (wd - 1) + 1:sw] += np.einsum("nchw,cm->nmhw", xg, wg[:, :, ky, kx])
+    y = y[:, :, pt:fh - pb, pl:fw - pr]
+    if len(args) > 2:
+        y = y + args[2].reshape(1, -1, 1, 1)
+    return [y.astype(args[0].dtype)]
+
+
 def _instance_norm(args: list[np.ndarray], a: dict) -> list[np.ndarray]:
     x, scale, bias = args
     axes = tuple(range(2, x.ndim))
@@ -294,6 +316,7 @@ OPS: dict[str, OpFn] = {
     "Pad": _unary(_pad),
     "LayerNormalization": _layer_norm,
     "InstanceNormalization": _instance_norm,
+    "ConvTranspose": _conv_transpose,
     "Gemm": _gemm,
     "MatMul": lambda args, a: [_same(args[0], np.matmul(args[0], args[1]))],
     "Conv": lambda args, a: [conv2d(args[0], args[1], a["strides"], a["pads"], a["dilations"], a["group"])

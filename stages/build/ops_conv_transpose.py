@@ -1,0 +1,61 @@
+"""ConvTranspose as a generated op: correct and untuned (no template serves it yet).
+
+Gather form: each output pixel sums, over its group's input channels and the window, the input
+pixels whose scattered window lands on it (`oy + pad - ky*dilation` a non-negative multiple of the
+stride, inside the input), so output planes are independent and split over the worker pool.
+Weights are read as they are (IOHW), so they may also be computed at run time.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from llvmlite import ir
+
+from stages.build.loops import f32
+from stages.build.opctx import OpCtx
+from stages.codegen.irb import add, for_range, gep, i64, mul
+
+
+def conv_transpose(ctx: OpCtx) -> None:
+    n, c, h, w = ctx.in_shape(0)
+    _, mg, kh, kw = ctx.in_shape(1)
+    _, m, oh, ow = ctx.out_shape()
+    g = int(ctx.attr("group", 1))
+    cg = c // g
+    (sh, sw), (dh, dw) = ctx.attr("strides"), ctx.attr("dilations")
+    pt, pl = ctx.attr("pads")[:2]
+    with ctx.parallel(n * m) as plane:
+        b, x, wt, y = ctx.b, ctx.inp(0), ctx.inp(1), ctx.out()
+        bias = ctx.inp(2) if ctx.has_input(2) else None
+        acc = ctx.local()
+        image, mo = b.udiv(plane, i64(m)), b.urem(plane, i64(m))
+        group, ml = b.udiv(mo, i64(mg)), b.urem(mo, i64(mg))
+
+        def source(o: ir.Value, pad: int, k: ir.Value, dil: int, stride: int, size: int) -> tuple[ir.Value, ir.Value]:
+            """(input index, whether tap k of output o reads one)."""
+            t = b.sub(add(b, o, i64(pad)), mul(b, k, i64(dil)))
+            ok = b.and_(b.icmp_signed(">=", t, i64(0)), b.icmp_signed("<", t, i64(stride * size)))
+            if stride > 1:
+                ok = b.and_(ok, b.icmp_unsigned("==", b.urem(t, i64(stride)), i64(0)))
+            return b.udiv(t, i64(stride)), ok
+
+        with for_range(b, i64(0), i64(oh), name="oy") as oy, for_range(b, i64(0), i64(ow), name="ox") as ox:
+            b.store(b.load(gep(b, bias, mo)) if bias is not None else f32(0.0), acc)
+            with for_range(b, i64(0), i64(kh), name="ky") as ky:
+                iy, ok_y = source(oy, pt, ky, dh, sh, h)
+                with b.if_then(ok_y), for_range(b, i64(0), i64(kw), name="kx") as kx:
+                    ix, ok_x = source(ox, pl, kx, dw, sw, w)
+                    with b.if_then(ok_x), for_range(b, i64(0), i64(cg), name="ci") as ci:
+                        channel = add(b, mul(b, group, i64(cg)), ci)
+                        xi = add(b, mul(b, add(b, mul(b, add(b, mul(b, image, i64(c)), channel), i64(h)), iy),
+                                        i64(w)), ix)
+                        wi = add(b, mul(b, add(b, mul(b, add(b, mul(b, channel, i64(mg)), ml), i64(kh)), ky),
+                                        i64(kw)), kx)
+                        term = b.fmul(b.load(gep(b, x, xi)), b.load(gep(b, wt, wi)))
+                        b.store(b.fadd(b.load(acc), term), acc)
+            yi = add(b, mul(b, add(b, mul(b, plane, i64(oh)), oy), i64(ow)), ox)
+            b.store(b.load(acc), gep(b, y, yi))
+
+
+OPS: dict[str, Callable[[OpCtx], None]] = {"ConvTranspose": conv_transpose}
