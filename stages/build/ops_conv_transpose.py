@@ -12,7 +12,7 @@ from collections.abc import Callable
 
 from llvmlite import ir
 
-from stages.build.loops import f32
+from stages.build.loops import contiguous_strides, f32, offset
 from stages.build.opctx import OpCtx
 from stages.codegen.irb import add, for_range, gep, i64, mul
 
@@ -25,6 +25,7 @@ def conv_transpose(ctx: OpCtx) -> None:
     cg = c // g
     (sh, sw), (dh, dw) = ctx.attr("strides"), ctx.attr("dilations")
     pt, pl = ctx.attr("pads")[:2]
+    x_strides, w_strides = contiguous_strides((n, c, h, w)), contiguous_strides((c, mg, kh, kw))
     with ctx.parallel(n * m) as plane:
         b, x, wt, y = ctx.b, ctx.inp(0), ctx.inp(1), ctx.out()
         bias = ctx.inp(2) if ctx.has_input(2) else None
@@ -48,14 +49,11 @@ def conv_transpose(ctx: OpCtx) -> None:
                     ix, ok_x = source(ox, pl, kx, dw, sw, w)
                     with b.if_then(ok_x), for_range(b, i64(0), i64(cg), name="ci") as ci:
                         channel = add(b, mul(b, group, i64(cg)), ci)
-                        xi = add(b, mul(b, add(b, mul(b, add(b, mul(b, image, i64(c)), channel), i64(h)), iy),
-                                        i64(w)), ix)
-                        wi = add(b, mul(b, add(b, mul(b, add(b, mul(b, channel, i64(mg)), ml), i64(kh)), ky),
-                                        i64(kw)), kx)
+                        xi = offset(b, (image, channel, iy, ix), x_strides)
+                        wi = offset(b, (channel, ml, ky, kx), w_strides)
                         term = b.fmul(b.load(gep(b, x, xi)), b.load(gep(b, wt, wi)))
                         b.store(b.fadd(b.load(acc), term), acc)
-            yi = add(b, mul(b, add(b, mul(b, plane, i64(oh)), oy), i64(ow)), ox)
-            b.store(b.load(acc), gep(b, y, yi))
+            b.store(b.load(acc), gep(b, y, offset(b, (plane, oy, ox), (oh * ow, ow, 1))))
 
 
 OPS: dict[str, Callable[[OpCtx], None]] = {"ConvTranspose": conv_transpose}

@@ -79,22 +79,20 @@ def _leaky_relu(ctx: OpCtx) -> None:
     elementwise(ctx, lambda b, v: b.select(b.fcmp_ordered(">=", v[0], f32(0)), v[0], b.fmul(v[0], f32(alpha))), [0])
 
 
+def _elu_value(b: ir.IRBuilder, x: ir.Value, alpha: float) -> ir.Value:
+    """x, or alpha * (e^x - 1) below zero."""
+    neg = b.fmul(f32(alpha), b.fsub(call_f32(b, "llvm.exp.f32", x), f32(1)))
+    return b.select(b.fcmp_ordered(">=", x, f32(0)), x, neg)
+
+
 def _elu(ctx: OpCtx) -> None:
     alpha = float(ctx.attr("alpha", 1.0))
-
-    def f(b, v):
-        neg = b.fmul(f32(alpha), b.fsub(call_f32(b, "llvm.exp.f32", v[0]), f32(1)))
-        return b.select(b.fcmp_ordered(">=", v[0], f32(0)), v[0], neg)
-    elementwise(ctx, f, [0])
+    elementwise(ctx, lambda b, v: _elu_value(b, v[0], alpha), [0])
 
 
 def _selu(ctx: OpCtx) -> None:
     alpha, gamma = float(ctx.attr("alpha")), float(ctx.attr("gamma"))
-
-    def f(b, v):
-        neg = b.fmul(f32(alpha), b.fsub(call_f32(b, "llvm.exp.f32", v[0]), f32(1)))
-        return b.fmul(f32(gamma), b.select(b.fcmp_ordered(">", v[0], f32(0)), v[0], neg))
-    elementwise(ctx, f, [0])
+    elementwise(ctx, lambda b, v: b.fmul(f32(gamma), _elu_value(b, v[0], alpha)), [0])
 
 
 def _shrink(ctx: OpCtx) -> None:
