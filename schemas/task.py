@@ -13,7 +13,8 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-OpKind = Literal["matmul", "dense", "batch_matmul", "conv2d"]
+OpKind = Literal["matmul", "dense", "batch_matmul", "conv2d", "conv2d_winograd"]
+CONV_OPS = ("conv2d", "conv2d_winograd")  # NCHW x OIHW convolutions, whatever the algorithm
 DType = Literal["float32"]
 EpilogueKind = Literal[
     "bias", "scale_shift", "relu", "clip", "leaky_relu", "sigmoid", "tanh", "gelu", "residual_add"
@@ -77,7 +78,7 @@ class TuningTask(BaseModel):
         if self.op == "batch_matmul":
             k = self.inputs[0].shape[-1]
             return 2 * self.outputs[0].size * k
-        if self.op == "conv2d":
+        if self.op in CONV_OPS:
             w = self.inputs[1].shape
             return 2 * self.outputs[0].size * w[1] * w[2] * w[3]
         raise ValueError(f"no FLOP count for op {self.op!r}")

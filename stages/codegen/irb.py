@@ -129,6 +129,14 @@ def lane_mask(lanes: int, valid: int) -> ir.Constant:
     return ir.Constant(ir.VectorType(I1, lanes), [int(i < valid) for i in range(lanes)])
 
 
+def prefix_mask(b: ir.IRBuilder, count: ir.Value, lanes: int, first: int = 0) -> ir.Value:
+    """`<lanes x i1>` of `first + lane < count` for a run-time i32 `count` (e.g. the columns left)."""
+    ity = ir.VectorType(I32, lanes)
+    v = b.insert_element(ir.Constant(ity, ir.Undefined), count, ir.Constant(I32, 0))
+    n = b.shuffle_vector(v, ir.Constant(ity, ir.Undefined), ir.Constant(ity, None))
+    return b.icmp_signed("<", ir.Constant(ity, [first + lane for lane in range(lanes)]), n)
+
+
 def load_vec(b: ir.IRBuilder, ptr: ir.Value, lanes: int, valid: int | ir.Value | None = None) -> ir.Value:
     """`lanes` floats from `ptr`; only the first `valid` are read (masked load, zeros elsewhere).
 

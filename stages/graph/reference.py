@@ -28,7 +28,7 @@ from collections.abc import Callable
 
 import numpy as np
 
-from schemas.task import TuningTask
+from schemas.task import CONV_OPS, TuningTask
 from stages.graph.ir import Graph, Node
 from stages.templates.epilogue import apply_reference
 
@@ -69,7 +69,7 @@ def run_anchor(task: TuningTask, args: list[np.ndarray]) -> np.ndarray:
     """The anchor op followed by its epilogue, on arrays shaped like the task's specs."""
     args = [a.reshape(spec.shape) for a, spec in zip(args, task.inputs, strict=True)]
     x, w = args[0], args[1]
-    if task.op == "conv2d":
+    if task.op in CONV_OPS:
         a = task.attrs
         y = conv2d(x, w, a["strides"], a["pads"], a["dilations"], int(a["group"]))
     elif task.op == "dense":
@@ -77,7 +77,7 @@ def run_anchor(task: TuningTask, args: list[np.ndarray]) -> np.ndarray:
         y = a.get("alpha", 1.0) * ((x.T if a.get("trans_a") else x) @ (w.T if a.get("trans_b", True) else w))
     else:
         y = np.matmul(x, w)
-    return apply_reference(task.epilogue, y, args[2:], channel_axis=1 if task.op == "conv2d" else -1)
+    return apply_reference(task.epilogue, y, args[2:], channel_axis=1 if task.op in CONV_OPS else -1)
 
 
 def conv2d(x: np.ndarray, w: np.ndarray, strides, pads, dilations, group: int) -> np.ndarray:

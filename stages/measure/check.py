@@ -6,14 +6,14 @@ import math
 
 import numpy as np
 
-from schemas.task import TuningTask
+from schemas.task import CONV_OPS, TuningTask
 
 
 def reduction_size(task: TuningTask) -> int:
     """How many products each output element sums (the error of float32 grows with it)."""
     if task.op in ("matmul", "dense", "batch_matmul"):
         return task.inputs[0].shape[-1]
-    if task.op == "conv2d":
+    if task.op in CONV_OPS:
         _, cin_per_group, kh, kw = task.inputs[1].shape
         return cin_per_group * kh * kw
     return 1

@@ -8,7 +8,7 @@ import time
 import numpy as np
 from threadpoolctl import threadpool_info, threadpool_limits
 
-from schemas.task import TuningTask
+from schemas.task import CONV_OPS, TuningTask
 from stages.templates import template_for
 
 
@@ -38,7 +38,7 @@ def _numpy_fn(task: TuningTask):
         return lambda xs: (xs[0].T if ta else xs[0]) @ (xs[1].T if tb else xs[1])
     if task.op in ("matmul", "batch_matmul"):
         return lambda xs: np.matmul(xs[0], xs[1])
-    if task.op == "conv2d":
+    if task.op in CONV_OPS:
         from stages.templates.conv2d_shape import numpy_conv
 
         return lambda xs: numpy_conv(task, xs)

@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 from schemas.task import TuningTask
-from stages.templates import batch_matmul, conv2d, dense, matmul
+from stages.templates import batch_matmul, conv2d, conv2d_winograd, dense, matmul
 from stages.templates.base import Template
 
-TEMPLATES: dict[str, Template] = {"matmul": matmul, "conv2d": conv2d, "dense": dense,
+TEMPLATES: dict[str, Template] = {"matmul": matmul, "conv2d": conv2d, "conv2d_winograd": conv2d_winograd, "dense": dense,
                                   "batch_matmul": batch_matmul}
 
 

@@ -39,6 +39,7 @@ from stages.codegen.irb import (
     load_vec,
     loop_carry,
     mul,
+    prefix_mask,
     smin,
     splat,
     store_vec,
@@ -331,16 +332,7 @@ class _Gen:
     @staticmethod
     def _mask(b: ir.IRBuilder, cols: ir.Value, first_lane: int, vw: int) -> ir.Value:
         """Lanes `first_lane + l < cols` as an <vw x i1> mask."""
-        ity = ir.VectorType(I32, vw)
-        iota = ir.Constant(ity, [first_lane + lane for lane in range(vw)])
-        n = _splat_int(b, b.trunc(cols, I32), vw)
-        return b.icmp_signed("<", iota, n)
-
-
-def _splat_int(b: ir.IRBuilder, x: ir.Value, lanes: int) -> ir.Value:
-    ity = ir.VectorType(I32, lanes)
-    v = b.insert_element(ir.Constant(ity, ir.Undefined), x, ir.Constant(I32, 0))
-    return b.shuffle_vector(v, ir.Constant(ity, ir.Undefined), ir.Constant(ity, None))
+        return prefix_mask(b, b.trunc(cols, I32), vw, first_lane)
 
 
 def _and_mask(b: ir.IRBuilder, cols: ir.Value | None, row_ok: ir.Value | None, vw: int) -> ir.Value | None:

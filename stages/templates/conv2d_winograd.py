@@ -1,0 +1,132 @@
+"""float32 3x3 stride-1 conv2d (NCHW, OIHW, one group) by Winograd F(m x m, 3 x 3), fused epilogue.
+
+An alternative implementation of a `conv2d` task, as TVM keeps several per op: task extraction
+adds a `conv2d_winograd` twin for every conv this template can serve, both are tuned, and the
+build runs whichever measured faster. F(4x4) does 36 multiplies per 16 outputs and channel pair
+where the direct kernel does 144, at the price of input/output transforms and rounding error a
+few times the direct kernel's (still inside the float32 check of every measurement); the
+default build keeps the direct kernel. See `winograd_kernel` for the loop nest.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from llvmlite import ir
+
+from schemas.config import Config
+from schemas.target import Target
+from schemas.task import TuningTask
+from stages.codegen.harness import add_harness
+from stages.templates import epilogue
+from stages.templates.conv2d_shape import geom
+from stages.templates.conv2d_shape import reference as _reference
+from stages.templates.space import ConfigSpace, Knob, Knobs
+from stages.templates.winograd_kernel import MAX_LANES, G, WinoPlan, build
+
+NAME = "conv2d_winograd"
+VERSION = 1
+
+M = (2, 4)  # output tile edge
+RT = (1, 2, 3, 4)  # tile rows per work item
+NK = (1, 2, 4)  # output-channel vectors per GEMM block
+CU = (1, 2, 4)  # input channels per unrolled GEMM step
+
+CLI_OPTIONS = ("input", "weight", "pad", "epilogue")
+
+
+def serves(task: TuningTask) -> bool:
+    """Whether this template can run a conv2d task: 3x3 window, stride 1, no dilation, one group."""
+    if task.op != "conv2d":
+        return False
+    g = geom(task)
+    return (g.kh, g.kw, g.sh, g.sw, g.dh, g.dw, g.groups) == (3, 3, 1, 1, 1, 1, 1)
+
+
+def twin(task: TuningTask) -> TuningTask:
+    """The `conv2d_winograd` task computing what the conv2d `task` computes."""
+    if not serves(task):
+        raise ValueError(f"Winograd F(m,3) serves 3x3 stride-1 undilated single-group convs, not {task.description}")
+    return task.model_copy(update={"op": NAME})
+
+
+def task_from_cli(opts: dict) -> TuningTask:
+    """`tune-op conv2d_winograd --input 1x16x32x32 --weight 16x16x3x3 --pad 1 --epilogue bias,relu`."""
+    from stages.templates import conv2d
+
+    return twin(conv2d.task_from_cli({**opts, "stride": 1, "dilation": 1, "groups": 1}))
+
+
+def plan(task: TuningTask, knobs: Knobs, target: Target) -> WinoPlan:
+    return WinoPlan(geom(task), target.vector_lanes, int(knobs["m"]), int(knobs["rt"]), int(knobs["nk"]),
+                    int(knobs["cu"]))
+
+
+def space(task: TuningTask, target: Target) -> ConfigSpace:
+    g = geom(task)
+
+    def rule(c: Knobs) -> str | None:
+        p = plan(task, c, target)
+        if target.vector_lanes % p.m or MAX_LANES % target.vector_lanes:
+            return f"m={p.m} and {MAX_LANES} floats must be multiples of the target's {target.vector_lanes} lanes"
+        if p.accumulators + p.nk + 1 > target.vector_registers:
+            return f"{p.tiles} tiles x {p.nk} channel vectors need {p.accumulators + p.nk + 1} vector registers"
+        if p.kb % p.nk:
+            return f"nk={p.nk} does not divide the {p.kb} output-channel vectors"
+        if g.c % p.cu:
+            return f"cu={p.cu} does not divide the {g.c} input channels"
+        if (p.rt - 1) * p.m >= g.oh:
+            return f"rt={p.rt} tile rows of {p.m} overshoot the output height {g.oh}"
+        return None
+
+    return ConfigSpace(knobs=(Knob("m", M), Knob("rt", RT), Knob("nk", NK), Knob("cu", CU)), rule=rule)
+
+
+def default_config(task: TuningTask, target: Target) -> Config:
+    """F(4x4) with as many tile rows as fit about 16 accumulators, one channel vector, no unrolling."""
+    sp = space(task, target)
+    for knobs in ({"m": m, "rt": rt, "nk": 1, "cu": 1} for m in (4, 2) for rt in (4, 3, 2, 1)):
+        p = plan(task, knobs, target)
+        if p.accumulators <= 16 and sp.reason(knobs) is None:
+            return sp.from_knobs(knobs)
+    raise ValueError(f"no Winograd schedule fits {task.description} on {target.vector_lanes} lanes")
+
+
+def make_inputs(task: TuningTask, seed: int = 0) -> list[np.ndarray]:
+    rng = np.random.default_rng(seed)
+    x, w = (rng.uniform(-1, 1, size=t.shape).astype(np.float32) for t in task.inputs[:2])
+    return [x, w, *epilogue.make_operands(task.epilogue, task.outputs[0].shape, 1, rng)]
+
+
+def reference(task: TuningTask, inputs: list[np.ndarray]) -> np.ndarray:
+    return _reference(task, inputs)
+
+
+def transform_weights(w: np.ndarray, m: int) -> np.ndarray:
+    """OIHW 3x3 → `U[xi][C][Kp]` = G g G^T (float64, then float32), output channels zero-padded to
+    `MAX_LANES` (whatever the target's lanes, so the packing needs no target)."""
+    k, c = w.shape[:2]
+    g = np.asarray(G[m], dtype=np.float64)
+    u = np.einsum("ir,kcrs,js->ijck", g, w.astype(np.float64), g)
+    out = np.zeros((g.shape[0] ** 2, c, -(-k // MAX_LANES) * MAX_LANES), dtype=np.float32)
+    out[:, :, :k] = u.reshape(-1, c, k)
+    return out
+
+
+def kernel_args(task: TuningTask, knobs: Knobs, inputs: list[np.ndarray]) -> list[np.ndarray]:
+    """`[X, U, *epilogue tensors, workspace, Y]`; the workspace is sized for `MAX_LANES`, which
+    bounds it for any target's lanes."""
+    p = WinoPlan(geom(task), MAX_LANES, int(knobs["m"]), int(knobs["rt"]), int(knobs["nk"]), int(knobs["cu"]))
+    x, w, *epi = inputs
+    return [np.ascontiguousarray(x), transform_weights(w, p.m), *(np.ascontiguousarray(e) for e in epi),
+            np.zeros(p.workspace, dtype=np.float32), np.zeros(task.outputs[0].shape, dtype=np.float32)]
+
+
+def build_ir(task: TuningTask, knobs: Knobs, target: Target, threads: int = 1) -> ir.Module:
+    mod = ir.Module(name=f"conv2d_winograd_{task.signature}")
+    mod.triple = target.triple
+    add_harness(mod, build(mod, plan(task, knobs, target), task.epilogue, threads))
+    return mod
+
+
+__all__ = ["CLI_OPTIONS", "NAME", "VERSION", "build_ir", "default_config", "kernel_args", "make_inputs",
+           "reference", "serves", "space", "task_from_cli", "transform_weights", "twin"]

@@ -1,0 +1,347 @@
+"""Codegen of a 3x3 stride-1 conv as Winograd F(m x m, 3 x 3): fewer multiplies, same output.
+
+Two parallel phases, every vector along `L` channels (the target's float lanes):
+1. pack: X (NCHW) → `Xt[n][cb][Hp][Wp][L]`, zero-padded, `L` channels per position (one `L x L`
+   transpose per `L` columns), so a tile's input is `alpha^2` aligned vector loads.
+2. tiles: an item is `rt` tile rows x `L/m` tiles (`L` output columns) of one image. It transforms
+   its tiles' input (`B^T d B`, for every channel block) into a stack buffer `V[xi][tile][C]`, then
+   for each block of `nk` output-channel vectors: `alpha^2` small GEMMs (`V[xi] @ U[xi]`, tiles
+   broadcast, channels on the lanes, over all input channels), the output transform `A^T M A`
+   per tile, one `L x L` transpose per output row back to NCHW, the fused epilogue, masked stores.
+
+Weights arrive transformed (`U[xi][C][Kp] = G g G^T`, done once at build time by the template).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from llvmlite import ir
+
+from schemas.task import EpilogueOp
+from stages.codegen.irb import (
+    F32,
+    F32P,
+    I32,
+    I64,
+    VOIDP,
+    add,
+    fconst,
+    fma,
+    for_range,
+    gep,
+    i64,
+    load_vec,
+    loop_carry,
+    mul,
+    prefix_mask,
+    smin,
+    splat,
+    store_vec,
+    vec,
+)
+from stages.templates import epilogue
+from stages.templates.conv2d_shape import ConvGeom
+
+# Lavin & Gray's matrices: Y = A^T [(G g G^T) . (B^T d B)] A.
+BT = {2: ((1, 0, -1, 0), (0, 1, 1, 0), (0, -1, 1, 0), (0, 1, 0, -1)),
+      4: ((4, 0, -5, 0, 1, 0), (0, -4, -4, 1, 1, 0), (0, 4, -4, -1, 1, 0), (0, -2, -1, 2, 1, 0),
+          (0, 2, -1, -2, 1, 0), (0, 4, 0, -5, 0, 1))}
+G = {2: ((1, 0, 0), (0.5, 0.5, 0.5), (0.5, -0.5, 0.5), (0, 0, 1)),
+     4: ((1 / 4, 0, 0), (-1 / 6, -1 / 6, -1 / 6), (-1 / 6, 1 / 6, -1 / 6), (1 / 24, 1 / 12, 1 / 6),
+         (1 / 24, -1 / 12, 1 / 6), (0, 0, 1))}
+MAX_LANES = 16
+
+AT = {2: ((1, 1, 1, 0), (0, 1, -1, -1)),
+      4: ((1, 1, 1, 1, 1, 0), (0, 1, -1, 2, -2, 0), (0, 1, 1, 4, 4, 0), (0, 1, -1, 8, -8, 1))}
+
+
+@dataclass(frozen=True)
+class WinoPlan:
+    g: ConvGeom
+    lanes: int
+    m: int  # output tile edge
+    rt: int  # tile rows per item
+    nk: int  # output-channel vectors per GEMM block
+    cu: int  # input channels per unrolled GEMM step
+
+    @property
+    def alpha(self) -> int:
+        return self.m + 2
+
+    @property
+    def a2(self) -> int:
+        return self.alpha * self.alpha
+
+    @property
+    def nt(self) -> int:
+        """Tiles along a row per item: their m*nt = L output columns are one transpose."""
+        return self.lanes // self.m
+
+    @property
+    def tiles(self) -> int:
+        return self.rt * self.nt
+
+    @property
+    def cb(self) -> int:
+        return -(-self.g.c // self.lanes)
+
+    @property
+    def kb(self) -> int:
+        return -(-self.g.oc // self.lanes)
+
+    @property
+    def row_items(self) -> int:
+        return -(-(-(-self.g.oh // self.m)) // self.rt)
+
+    @property
+    def col_items(self) -> int:
+        return -(-self.g.ow // self.lanes)
+
+    @property
+    def hp(self) -> int:
+        return self.row_items * self.rt * self.m + 2
+
+    @property
+    def wp(self) -> int:
+        """Padded width: every item's tiles, and the pack's whole-vector column chunks."""
+        return max(self.col_items * self.lanes + 2, self.g.pl + -(-self.g.w // self.lanes) * self.lanes)
+
+    @property
+    def u_pitch(self) -> int:
+        """Floats per row of U: output channels padded to `MAX_LANES`, so the packed weights suit any lane count."""
+        return -(-self.g.oc // MAX_LANES) * MAX_LANES
+
+    @property
+    def workspace(self) -> int:
+        return self.g.n * self.cb * self.hp * self.wp * self.lanes
+
+    @property
+    def accumulators(self) -> int:
+        return self.tiles * self.nk
+
+
+def build(mod: ir.Module, p: WinoPlan, ops: tuple[EpilogueOp, ...], threads: int) -> ir.Function:
+    """`tf_main(ptr args)`; args are `[X, U, *epilogue, workspace, Y]`."""
+    from stages.codegen.parallel import emit_main
+
+    n_epi = len(epilogue.operands(ops))
+    pack = _emit_pack(mod, p, ws_slot=2 + n_epi)
+    tiles = _Tiles(p, ops, n_epi).emit(mod)
+    phases = [emit_main(mod, pack, p.g.n * p.cb * p.hp, threads, name="tf_wpack"),
+              emit_main(mod, tiles, p.g.n * p.row_items * p.col_items, threads, name="tf_wtiles")]
+    main = ir.Function(mod, ir.FunctionType(ir.VoidType(), [VOIDP]), name="tf_main")
+    b = ir.IRBuilder(main.append_basic_block("entry"))
+    for phase in phases:
+        phase.linkage = "internal"
+        b.call(phase, [main.args[0]])
+    b.ret_void()
+    return main
+
+
+def transpose(b: ir.IRBuilder, rows: list[ir.Value]) -> list[ir.Value]:
+    """Square transpose of `len(rows)` vectors of as many lanes, by block swaps of halving size."""
+    n = len(rows)
+    s = n // 2
+    while s >= 1:
+        out = list(rows)
+        for i in (i for i in range(n) if not i & s):
+            lo, hi = rows[i], rows[i + s]
+            keep = [n + c - s if c & s else c for c in range(n)]
+            swap = [n + c if c & s else c + s for c in range(n)]
+            out[i] = b.shuffle_vector(lo, hi, ir.Constant(ir.VectorType(I32, n), keep))
+            out[i + s] = b.shuffle_vector(lo, hi, ir.Constant(ir.VectorType(I32, n), swap))
+        rows, s = out, s // 2
+    return rows
+
+
+def lincomb(b: ir.IRBuilder, coeffs: Sequence[float], xs: Sequence[ir.Value]) -> ir.Value:
+    """sum(c * x) with constant coefficients: zeros skipped, +-1 as adds and subtracts."""
+    acc: ir.Value | None = None
+    for c, x in zip(coeffs, xs, strict=True):
+        if c == 0:
+            continue
+        if acc is None:
+            acc = x if c == 1 else b.fmul(x, fconst(x.type, c))
+        elif c == 1:
+            acc = b.fadd(acc, x)
+        elif c == -1:
+            acc = b.fsub(acc, x)
+        else:
+            acc = fma(b, x, fconst(x.type, c), acc)
+    assert acc is not None
+    return acc
+
+
+def sandwich(b: ir.IRBuilder, left: Sequence[Sequence[float]], d: list[list[ir.Value]]) -> list[list[ir.Value]]:
+    """`left @ d @ left^T` on a grid of vectors."""
+    cols = len(d[0])
+    t = [[lincomb(b, row, [d[r][s] for r in range(len(d))]) for s in range(cols)] for row in left]
+    return [[lincomb(b, row, t[i]) for row in left] for i in range(len(left))]
+
+
+def _args(b: ir.IRBuilder, fn: ir.Function, count: int) -> list[ir.Value]:
+    argv = b.bitcast(fn.args[0], F32P.as_pointer())
+    return [b.load(b.gep(argv, [i64(i)])) for i in range(count)]
+
+
+def _range_fn(mod: ir.Module, name: str) -> tuple[ir.Function, ir.IRBuilder]:
+    fn = ir.Function(mod, ir.FunctionType(ir.VoidType(), [VOIDP, I64, I64]), name=name)
+    fn.linkage = "internal"
+    return fn, ir.IRBuilder(fn.append_basic_block("entry"))
+
+
+def _emit_pack(mod: ir.Module, p: WinoPlan, ws_slot: int) -> ir.Function:
+    """Rows [begin, end) of the (n, cb, padded row) grid of Xt."""
+    g, L = p.g, p.lanes
+    fn, b = _range_fn(mod, "tf_wpack_rows")
+    args = _args(b, fn, ws_slot + 1)
+    x, xt = args[0], args[ws_slot]
+    zero = ir.Constant(vec(L), None)
+    chunks = -(-g.w // L)
+    with for_range(b, fn.args[1], fn.args[2], name="row") as item:
+        dst_row = gep(b, xt, mul(b, item, i64(p.wp * L)))
+        nc, yy = b.sdiv(item, i64(p.hp)), b.srem(item, i64(p.hp))
+        n, cb = b.sdiv(nc, i64(p.cb)), b.srem(nc, i64(p.cb))
+        y = b.sub(yy, i64(g.pt))
+        inside = b.and_(b.icmp_signed(">=", y, i64(0)), b.icmp_signed("<", y, i64(g.h)))
+        with b.if_else(inside) as (then, other):
+            with then:
+                with for_range(b, i64(0), i64(g.pl), name="zl") as xx:
+                    store_vec(b, zero, gep(b, dst_row, mul(b, xx, i64(L))))
+                with for_range(b, i64(g.pl + chunks * L), i64(p.wp), name="zr") as xx:
+                    store_vec(b, zero, gep(b, dst_row, mul(b, xx, i64(L))))
+                c0 = mul(b, cb, i64(L))
+                plane = add(b, mul(b, n, i64(g.c)), c0)
+                with for_range(b, i64(0), i64(chunks), name="xc") as xc:
+                    x0 = mul(b, xc, i64(L))
+                    valid = b.trunc(b.sub(i64(g.w), x0), I32)
+                    rows = []
+                    for i in range(L):
+                        src = gep(b, x, add(b, mul(b, add(b, plane, i64(i)), i64(g.h * g.w)),
+                                            add(b, mul(b, y, i64(g.w)), x0)))
+                        ok = b.icmp_signed("<", add(b, c0, i64(i)), i64(g.c))
+                        rows.append(b.select(ok, load_vec(b, src, L, _prefix(b, valid, L, ok)), zero))
+                    for i, v in enumerate(transpose(b, rows)):
+                        store_vec(b, v, gep(b, dst_row, mul(b, add(b, i64(g.pl + i), x0), i64(L))))
+            with other:
+                with for_range(b, i64(0), i64(p.wp), name="z") as xx:
+                    store_vec(b, zero, gep(b, dst_row, mul(b, xx, i64(L))))
+    b.ret_void()
+    return fn
+
+
+def _prefix(b: ir.IRBuilder, valid: ir.Value, lanes: int, ok: ir.Value) -> ir.Value:
+    """Mask of the first `valid` lanes (none when `ok` is false: a padding channel reads nothing)."""
+    return prefix_mask(b, b.select(ok, valid, ir.Constant(I32, 0)), lanes)
+
+
+class _Tiles:
+    def __init__(self, p: WinoPlan, ops: tuple[EpilogueOp, ...], n_epi: int):
+        self.p, self.ops, self.n_epi = p, ops, n_epi
+        self.slots = epilogue.operands(ops)
+
+    def emit(self, mod: ir.Module) -> ir.Function:
+        p, g, L = self.p, self.p.g, self.p.lanes
+        fn, b = _range_fn(mod, "tf_wtiles_items")
+        args = _args(b, fn, 4 + self.n_epi)
+        self.b = b
+        self.u, self.epi, self.xt, self.y = args[1], args[2:2 + self.n_epi], args[2 + self.n_epi], args[-1]
+        cp = p.cb * L
+        self.vbuf = b.alloca(F32, p.a2 * p.tiles * cp, name="V")
+        self.mbuf = b.alloca(F32, p.tiles * p.nk * p.a2 * L, name="M")
+        self.obuf = b.alloca(F32, p.m * L * L, name="O")
+        for buf in (self.vbuf, self.mbuf, self.obuf):
+            buf.align = 64
+        with for_range(b, fn.args[1], fn.args[2], name="item") as item:
+            per_image = p.row_items * p.col_items
+            n = b.sdiv(item, i64(per_image))
+            rest = b.srem(item, i64(per_image))
+            ty0 = mul(b, b.sdiv(rest, i64(p.col_items)), i64(p.rt))
+            col0 = mul(b, b.srem(rest, i64(p.col_items)), i64(L))
+            self._input_transform(n, ty0, col0)
+            with for_range(b, i64(0), i64(p.kb // p.nk), name="kc") as kc:
+                self._gemm(kc)
+                for j in range(p.nk):
+                    self._output(n, ty0, col0, add(b, mul(b, kc, i64(p.nk)), i64(j)), j)
+        b.ret_void()
+        return fn
+
+    def _input_transform(self, n: ir.Value, ty0: ir.Value, col0: ir.Value) -> None:
+        b, p, L = self.b, self.p, self.p.lanes
+        cp = p.cb * L
+        with for_range(b, i64(0), i64(p.tiles), name="t") as t:
+            r, tl = b.sdiv(t, i64(p.nt)), b.srem(t, i64(p.nt))
+            y0 = mul(b, add(b, ty0, r), i64(p.m))
+            x0 = add(b, col0, mul(b, tl, i64(p.m)))
+            with for_range(b, i64(0), i64(p.cb), name="cb") as cb:
+                plane = mul(b, add(b, mul(b, n, i64(p.cb)), cb), i64(p.hp * p.wp))
+                d = [[load_vec(b, gep(b, self.xt, mul(b, add(b, plane, add(b, mul(b, add(b, y0, i64(rr)),
+                                                                                        i64(p.wp)),
+                                                                               add(b, x0, i64(s)))), i64(L))), L)
+                      for s in range(p.alpha)] for rr in range(p.alpha)]
+                v = sandwich(b, BT[p.m], d)
+                for xi in range(p.a2):
+                    at = add(b, mul(b, add(b, mul(b, i64(xi), i64(p.tiles)), t), i64(cp)), mul(b, cb, i64(L)))
+                    store_vec(b, v[xi // p.alpha][xi % p.alpha], gep(b, self.vbuf, at))
+
+    def _gemm(self, kc: ir.Value) -> None:
+        """`M[t][j][xi] = sum_c V[xi][t][c] * U[xi][c][kv]` for the block's tiles and k vectors."""
+        b, p, g, L = self.b, self.p, self.p.g, self.p.lanes
+        cp, kp = p.cb * L, p.u_pitch
+        zero = ir.Constant(vec(L), None)
+        with for_range(b, i64(0), i64(p.a2), name="xi") as xi:
+            vrow = gep(b, self.vbuf, mul(b, xi, i64(p.tiles * cp)))
+            urow = gep(b, self.u, add(b, mul(b, xi, i64(g.c * kp)), mul(b, kc, i64(p.nk * L))))
+            accs = [zero] * (p.tiles * p.nk)
+            with loop_carry(b, i64(0), i64(g.c), accs, step=p.cu, name="c", unroll=False) as c:
+                for cc in range(p.cu):
+                    ci = add(b, c, i64(cc))
+                    us = [load_vec(b, gep(b, urow, add(b, mul(b, ci, i64(kp)), i64(j * L))), L) for j in range(p.nk)]
+                    for t in range(p.tiles):
+                        v = splat(b, b.load(gep(b, vrow, add(b, i64(t * cp), ci)), align=4), L)
+                        for j in range(p.nk):
+                            accs[t * p.nk + j] = fma(b, v, us[j], accs[t * p.nk + j])
+            for t in range(p.tiles):
+                for j in range(p.nk):
+                    at = add(b, mul(b, xi, i64(L)), i64((t * p.nk + j) * p.a2 * L))
+                    store_vec(b, accs[t * p.nk + j], gep(b, self.mbuf, at))
+
+    def _output(self, n: ir.Value, ty0: ir.Value, col0: ir.Value, kv: ir.Value, j: int) -> None:
+        """Tiles' `A^T M A` for k vector `kv`, transposed back to rows of `L` columns, epilogue, store."""
+        b, p, g, L = self.b, self.p, self.p.g, self.p.lanes
+        with for_range(b, i64(0), i64(p.rt), name="r") as r:
+            with for_range(b, i64(0), i64(p.nt), name="tl") as tl:
+                t = add(b, mul(b, r, i64(p.nt)), tl)
+                base = mul(b, add(b, mul(b, t, i64(p.nk)), i64(j)), i64(p.a2 * L))
+                mt = [[load_vec(b, gep(b, self.mbuf, add(b, base, i64((i * p.alpha + s) * L))), L)
+                       for s in range(p.alpha)] for i in range(p.alpha)]
+                o = sandwich(b, AT[p.m], mt)
+                for a in range(p.m):
+                    for c in range(p.m):
+                        at = add(b, i64(a * L * L + c * L), mul(b, tl, i64(p.m * L)))
+                        store_vec(b, o[a][c], gep(b, self.obuf, at))
+            with for_range(b, i64(0), i64(p.m), name="a") as a:
+                row = add(b, mul(b, add(b, ty0, r), i64(p.m)), a)
+                with b.if_then(b.icmp_signed("<", row, i64(g.oh))):
+                    ob = gep(b, self.obuf, mul(b, a, i64(L * L)))
+                    cols = transpose(b, [load_vec(b, gep(b, ob, i64(x * L)), L) for x in range(L)])
+                    valid = b.trunc(smin(b, b.sub(i64(g.ow), col0), i64(L)), I32)
+                    mask = _prefix(b, valid, L, ir.Constant(ir.IntType(1), 1))
+                    for i in range(L):
+                        k = add(b, mul(b, kv, i64(L)), i64(i))
+                        with b.if_then(b.icmp_signed("<", k, i64(g.oc))):
+                            at = add(b, mul(b, add(b, mul(b, n, i64(g.oc)), k), i64(g.oh * g.ow)),
+                                     add(b, mul(b, row, i64(g.ow)), col0))
+                            out = epilogue.emit(b, self.ops, cols[i], self._loader(k, at, mask))
+                            store_vec(b, out, gep(b, self.y, at), mask)
+
+    def _loader(self, k: ir.Value, at: ir.Value, mask: ir.Value) -> Callable[[int], ir.Value]:
+        b, L = self.b, self.p.lanes
+
+        def load(slot: int) -> ir.Value:
+            if self.slots[slot].per_channel:
+                return splat(b, b.load(gep(b, self.epi[slot], k), align=4), L)
+            return load_vec(b, gep(b, self.epi[slot], at), L, mask)
+        return load
