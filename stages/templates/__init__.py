@@ -6,8 +6,8 @@ from schemas.task import TuningTask
 from stages.templates import batch_matmul, conv2d, conv2d_winograd, dense, matmul
 from stages.templates.base import Template
 
-TEMPLATES: dict[str, Template] = {"matmul": matmul, "conv2d": conv2d, "conv2d_winograd": conv2d_winograd, "dense": dense,
-                                  "batch_matmul": batch_matmul}
+TEMPLATES: dict[str, Template] = {"matmul": matmul, "conv2d": conv2d, "conv2d_winograd": conv2d_winograd,
+                                  "dense": dense, "batch_matmul": batch_matmul}
 
 
 def template_for(task: TuningTask) -> Template:

@@ -92,8 +92,12 @@ class WinoPlan:
         return -(-self.g.oc // self.lanes)
 
     @property
+    def tile_rows(self) -> int:
+        return -(-self.g.oh // self.m)
+
+    @property
     def row_items(self) -> int:
-        return -(-(-(-self.g.oh // self.m)) // self.rt)
+        return -(-self.tile_rows // self.rt)
 
     @property
     def col_items(self) -> int:
@@ -243,7 +247,7 @@ class _Tiles:
         self.slots = epilogue.operands(ops)
 
     def emit(self, mod: ir.Module) -> ir.Function:
-        p, g, L = self.p, self.p.g, self.p.lanes
+        p, L = self.p, self.p.lanes
         fn, b = _range_fn(mod, "tf_wtiles_items")
         args = _args(b, fn, 4 + self.n_epi)
         self.b = b
