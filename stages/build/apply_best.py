@@ -15,7 +15,7 @@ from schemas.target import Target
 from schemas.task import TuningTask
 from stages.log import TuningLog
 from stages.log.store import rank_key
-from stages.templates import template_for
+from stages.templates import alternatives, template_for
 
 
 @dataclass(frozen=True)
@@ -63,6 +63,21 @@ def choose(tasks: list[TuningTask], log: TuningLog | None, target: Target, threa
         else:
             choices[task.signature] = Choice(task, tpl.default_config(task, target), None, why)
     return choices
+
+
+def implementations(tasks: list[TuningTask], choices: dict[str, Choice]) -> dict[str, TuningTask]:
+    """Task signature → the task to build it with: an alternative implementation (`alternatives`)
+    when its best record beats the task's own best record, or the task has none; else itself."""
+    picked: dict[str, TuningTask] = {}
+    for task in tasks:
+        best = task
+        for alt in alternatives(task):
+            mine, theirs = choices.get(best.signature), choices.get(alt.signature)
+            if theirs is not None and theirs.tuned and (
+                    mine is None or not mine.tuned or theirs.record.result.median < mine.record.result.median):
+                best = alt
+        picked[task.signature] = best
+    return picked
 
 
 def fallback_message(choices: dict[str, Choice]) -> str | None:

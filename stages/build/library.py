@@ -22,14 +22,14 @@ import subprocess
 import tempfile
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import numpy as np
 from llvmlite import ir
 
 from schemas.target import Target
-from stages.build.apply_best import Choice, choose, fallback_message
+from stages.build.apply_best import Choice, choose, fallback_message, implementations
 from stages.build.halo import HaloPlan, plan_halos
 from stages.build.manifest import (
     LIBRARY,
@@ -51,7 +51,7 @@ from stages.codegen.harness import monotonic_clock
 from stages.codegen.irb import F64, VOIDP, i64, intrinsic
 from stages.graph.ir import Graph, Node
 from stages.log import TuningLog
-from stages.templates import TEMPLATES, template_for
+from stages.templates import TEMPLATES, alternatives, template_for
 from stages.templates.conv2d import Halo
 
 RUN = "tf_run"
@@ -89,8 +89,7 @@ def build_library(graph: Graph, target: Target, out: Path, threads: int = 1, log
         raise BuildError(f"no template for anchor op(s) {no_kernel}; templates exist for {sorted(TEMPLATES)}")
     compiler = find_compiler(cc)
     tuning_log = TuningLog(log) if log is not None else None
-    choices = choose([n.task for n in graph.nodes if n.task is not None and n.task.op in TEMPLATES], tuning_log,
-                     target, threads)
+    graph, choices = _implementations(graph, tuning_log, target, threads)
 
     for v in graph.outputs:
         if v.name in graph.constants or v.name in {i.name for i in graph.inputs}:
@@ -133,6 +132,20 @@ def build_library(graph: Graph, target: Target, out: Path, threads: int = 1, log
     )
     (out / MANIFEST).write_text(manifest.model_dump_json(indent=1))
     return manifest
+
+
+def _implementations(graph: Graph, log: TuningLog | None, target: Target, threads: int) \
+        -> tuple[Graph, dict[str, Choice]]:
+    """A copy of `graph` whose anchors carry the task they are built as (their own, or an alternative
+    implementation that measured faster: `implementations`), and the schedule of each of those tasks."""
+    tasks = [n.task for n in graph.nodes if n.task is not None and n.task.op in TEMPLATES]
+    choices = choose(tasks + [alt for t in tasks for alt in alternatives(t)], log, target, threads)
+    picked = implementations(tasks, choices)
+    nodes = [replace(n, task=picked[n.task.signature])
+             if n.task is not None and n.task.signature in picked and n.inputs[1] in graph.constants else n
+             for n in graph.nodes]
+    used = {n.task.signature for n in nodes if n.task is not None}
+    return replace(graph, nodes=nodes), {s: c for s, c in choices.items() if s in used}
 
 
 @dataclass

@@ -82,11 +82,12 @@ def space(task: TuningTask, target: Target) -> ConfigSpace:
 
 
 def default_config(task: TuningTask, target: Target) -> Config:
-    """F(4x4) with as many tile rows as fit about 16 accumulators, one channel vector, no unrolling."""
+    """F(4x4), two tile rows (one when the output has only one), then as many channel vectors as keep
+    16 accumulators: on 16 lanes 8-16 accumulators measured fastest (16x32x32: 21 us; 4 rows, 25)."""
     sp = space(task, target)
-    for knobs in ({"m": m, "rt": rt, "nk": 1, "cu": 1} for m in (4, 2) for rt in (4, 3, 2, 1)):
-        p = plan(task, knobs, target)
-        if p.accumulators <= 16 and sp.reason(knobs) is None:
+    for m, rt, nk in ((m, rt, nk) for m in (4, 2) for rt in (2, 1) for nk in (4, 2, 1)):
+        knobs = {"m": m, "rt": rt, "nk": nk, "cu": 1}
+        if plan(task, knobs, target).accumulators <= 16 and sp.reason(knobs) is None:
             return sp.from_knobs(knobs)
     raise ValueError(f"no Winograd schedule fits {task.description} on {target.vector_lanes} lanes")
 

@@ -38,9 +38,12 @@ def tasks(
         for e in found:
             print(json.dumps({"signature": e.task.signature, "op": e.task.op, "description": e.task.description,
                               "weight": e.weight, "flops": e.flops, "nodes": list(e.nodes),
+                              "alternative_to": e.alternative_to,
                               "task": e.task.model_dump(mode="json")}))
         return
-    table = Table(title=f"{graph.name}: {len(found)} tasks from {sum(e.weight for e in found)} anchor ops")
+    own = [e for e in found if e.alternative_to is None]
+    table = Table(title=f"{graph.name}: {len(found)} tasks from {sum(e.weight for e in own)} anchor ops "
+                        f"({len(found) - len(own)} alternative implementations, marked ↳)")
     for col, justify in (("#", "right"), ("op", "left"), ("input", "left"), ("weight", "left"), ("output", "left"),
                          ("epilogue", "left"), ("count", "right"), ("MFLOP", "right")):
         table.add_column(col, justify=justify)
@@ -48,8 +51,9 @@ def tasks(
         t = e.task
         x, w, y = ("x".join(map(str, s.shape)) for s in (t.inputs[0], t.inputs[1], t.outputs[0]))
         epi = ",".join(op.kind + "".join(f":{v:g}" for v in op.attrs.values()) for op in t.epilogue)
-        table.add_row(str(i), t.op, x, w, y, epi or "-", str(e.weight), f"{e.flops / 1e6:.2f}")
+        op = t.op if e.alternative_to is None else "↳ " + t.op.split("_", 1)[-1]
+        table.add_row(str(i), op, x, w, y, epi or "-", str(e.weight), f"{e.flops / 1e6:.2f}")
     out.print(table)
-    total = sum(e.flops * e.weight for e in found)
+    total = sum(e.flops * e.weight for e in own)
     rest = ", ".join(f"{op} x{n}" for op, n in sorted(untuned_ops(graph).items()))
     out.print(f"total {total / 1e6:.1f} MFLOPs in tuned ops; not tuned (memory-bound): {rest or 'none'}")

@@ -1,0 +1,132 @@
+"""Winograd conv2d: the transform matrices, real compiles of every valid schedule on awkward shapes
+against the numpy reference, task extraction's twins, and the build keeping the faster implementation."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from schemas import MeasureOptions, TuningOptions
+from schemas.target import Target
+from schemas.task import parse_epilogue
+from stages.build.library import build_library
+from stages.codegen.compile import compile_ir
+from stages.codegen.jit import LoadedKernel
+from stages.graph import reference
+from stages.graph.ir import Graph, Node, Value
+from stages.graph.tasks import extract_tasks
+from stages.log import TuningLog
+from stages.measure.check import compare, reduction_size
+from stages.runtime import load
+from stages.templates import alternatives, conv2d, conv2d_winograd
+from stages.templates.winograd_kernel import AT, BT, G
+from stages.tune.session import run_session
+
+HOST = Target.host()
+
+
+def wino_task(x, w, pads=(1, 1, 1, 1), chain=""):
+    return conv2d_winograd.twin(conv2d.conv2d_task(x, w, (1, 1), pads, (1, 1), 1, parse_epilogue(chain)))
+
+
+def run(task, knobs, inputs, threads=1):
+    kernel = LoadedKernel(compile_ir(conv2d_winograd.build_ir(task, knobs, HOST, threads), HOST).data, HOST)
+    args = conv2d_winograd.kernel_args(task, knobs, inputs)
+    kernel(args)
+    return args[-1]
+
+
+@pytest.mark.parametrize("m", [2, 4])
+def test_the_transforms_compute_a_3_tap_correlation(m):
+    """A^T [(G g G^T) * (B^T d B)] A is the valid 3x3 correlation of an (m+2)^2 patch."""
+    rng = np.random.default_rng(m)
+    d, g = rng.standard_normal((m + 2, m + 2)), rng.standard_normal((3, 3))
+    bt, gm, at = (np.array(x[m], dtype=np.float64) for x in (BT, G, AT))
+    y = at @ ((gm @ g @ gm.T) * (bt @ d @ bt.T)) @ at.T
+    direct = np.array([[np.sum(d[i:i + 3, j:j + 3] * g) for j in range(m)] for i in range(m)])
+    np.testing.assert_allclose(y, direct, rtol=1e-10, atol=1e-10)
+
+
+@pytest.mark.parametrize(("x", "w", "pads", "chain"), [
+    ((1, 16, 32, 32), (16, 16, 3, 3), (1, 1, 1, 1), "bias,residual_add"),
+    ((1, 3, 17, 13), (5, 3, 3, 3), (0, 0, 0, 0), ""),  # channels and width below one vector, odd sizes
+    ((2, 20, 9, 21), (33, 20, 3, 3), (1, 2, 0, 1), "bias,relu"),  # two images, asymmetric pads, 3 k vectors
+    ((1, 64, 8, 8), (64, 64, 3, 3), (1, 1, 1, 1), "bias,residual_add,relu"),
+])
+def test_every_valid_schedule_matches_the_reference(x, w, pads, chain):
+    task = wino_task(x, w, pads, chain)
+    inputs = conv2d_winograd.make_inputs(task, seed=3)
+    ref = conv2d_winograd.reference(task, inputs)
+    space = conv2d_winograd.space(task, HOST)
+    valid = [space.knobs_at(i) for i in space.valid_indices()]
+    assert {k["m"] for k in valid} == {2, 4} and len(valid) >= 7
+    for knobs in valid:
+        ok, err = compare(run(task, knobs, inputs), ref, reduction_size(task))
+        assert ok, f"{task.description} {knobs}: max abs error {err:.3g}"
+    default = conv2d_winograd.default_config(task, HOST).knobs
+    ok, err = compare(run(task, default, inputs, threads=2), ref, reduction_size(task))
+    assert ok, f"2 threads {default}: max abs error {err:.3g}"
+
+
+def test_only_3x3_stride_1_single_group_convs_get_a_winograd_twin():
+    served = conv2d.conv2d_task((1, 8, 10, 10), (8, 8, 3, 3), (1, 1), (1, 1, 1, 1))
+    twin = alternatives(served)
+    assert [t.op for t in twin] == ["conv2d_winograd"] and twin[0].inputs == served.inputs
+    assert twin[0].flops == served.flops and twin[0].signature != served.signature
+    for other in (conv2d.conv2d_task((1, 8, 10, 10), (8, 8, 3, 3), (2, 2), (1, 1, 1, 1)),
+                  conv2d.conv2d_task((1, 8, 10, 10), (8, 4, 3, 3), (1, 1), (1, 1, 1, 1), group=2),
+                  conv2d.conv2d_task((1, 8, 10, 10), (8, 8, 1, 1))):
+        assert alternatives(other) == []
+        with pytest.raises(ValueError, match="3x3 stride-1"):
+            conv2d_winograd.twin(other)
+
+
+def test_the_bundled_cnn_brings_a_twin_for_each_3x3_stride_1_conv():
+    from stages.extract import load_model
+    from stages.graph.passes import optimize
+    from tunaflow.commands.demo import DATA
+
+    found = extract_tasks(optimize(load_model(DATA / "models" / "cnn.onnx")))
+    own = {e.task.signature: e for e in found if e.alternative_to is None}
+    twins = [e for e in found if e.alternative_to is not None]
+    assert len(own) == 10 and len(twins) == 5
+    for e in twins:
+        base = own[e.alternative_to]
+        assert e.task == conv2d_winograd.twin(base.task) and (e.weight, e.nodes) == (base.weight, base.nodes)
+
+
+def _conv_graph() -> tuple[Graph, dict[str, np.ndarray]]:
+    rng = np.random.default_rng(5)
+    task = conv2d.conv2d_task((1, 16, 16, 16), (16, 16, 3, 3), (1, 1), (1, 1, 1, 1))
+    x = rng.uniform(-1, 1, (1, 16, 16, 16)).astype(np.float32)
+    w = rng.uniform(-1, 1, (16, 16, 3, 3)).astype(np.float32)
+    values = {"x": Value("x", (1, 16, 16, 16)), "w": Value("w", (16, 16, 3, 3)), "y": Value("y", (1, 16, 16, 16))}
+    graph = Graph("conv", [values["x"]], [values["y"]], [Node("conv", "Conv", ["x", "w"], ["y"], task=task)], values,
+                  {"w": w})
+    return graph, {"x": x}
+
+
+def test_the_build_runs_whichever_implementation_measured_faster(tmp_path, host):
+    graph, feeds = _conv_graph()
+    task = graph.nodes[0].task
+    (twin,) = alternatives(task)
+    log = TuningLog(tmp_path / "log")
+    options = TuningOptions(n_trials=3, batch_size=3, tuner="random", measure=MeasureOptions(threads=1))
+    for t in (task, twin):
+        run_session(t, host, options, log)
+    best = {t.op: log.best(t.signature, host.key, threads=1) for t in (task, twin)}
+    faster = min(best, key=lambda op: best[op].result.median)
+    expected = reference.run(graph, feeds)["y"]
+    manifest = build_library(graph, host, tmp_path / "lib", log=tmp_path / "log")
+    assert manifest.ops[0].task.startswith(faster + "(") and manifest.ops[0].kind == "tuned"
+    np.testing.assert_allclose(load(tmp_path / "lib")(**feeds), expected, rtol=1e-3, atol=1e-4)
+    # a record making the other implementation faster flips the choice; the caller's graph is untouched
+    slower = next(op for op in best if op != faster)
+    quick = best[slower].model_copy(update={"trial": 99, "result": best[slower].result.model_copy(
+        update={"costs": (best[faster].result.median / 10,)})})
+    log.append([quick])
+    manifest = build_library(graph, host, tmp_path / "lib2", log=tmp_path / "log")
+    assert manifest.ops[0].task.startswith(slower + "(") and graph.nodes[0].task == task
+    np.testing.assert_allclose(load(tmp_path / "lib2")(**feeds), expected, rtol=1e-3, atol=1e-4)
+    # without a log the default build keeps the direct kernel
+    assert build_library(graph, host, tmp_path / "lib3").ops[0].task.startswith("conv2d(")
