@@ -20,7 +20,7 @@ def tunaflow(*args: str) -> subprocess.CompletedProcess:
 
 def test_cnn_tasks_are_deduplicated_with_occurrence_weights():
     g = optimize(load_model(MODELS / "cnn.onnx"))
-    found = extract_tasks(g)
+    found = [e for e in extract_tasks(g) if e.alternative_to is None]  # twins: tests/test_conv2d_winograd.py
     assert len(found) == 10 and sum(e.weight for e in found) == 12
     assert len({e.task.signature for e in found}) == 10
     repeated = [e for e in found if e.weight == 2]
@@ -49,7 +49,8 @@ def test_tasks_command_prints_the_table_and_json_lines():
     assert "Softmax x1" in r.stdout
     r = tunaflow("tasks", str(MODELS / "cnn.onnx"), "--json")
     lines = [json.loads(line) for line in r.stdout.splitlines()]
-    assert len(lines) == 10 and [x["weight"] for x in lines].count(2) == 2
+    assert len(lines) == 15 and [x["weight"] for x in lines].count(2) == 4
+    assert [x["op"] for x in lines if x["alternative_to"]] == ["conv2d_winograd"] * 5
     assert lines[0]["op"] == "conv2d" and lines[0]["flops"] == 3538944 and len(lines[0]["signature"]) == 16
 
 

@@ -42,8 +42,8 @@ def tasks(
                               "task": e.task.model_dump(mode="json")}))
         return
     own = [e for e in found if e.alternative_to is None]
-    table = Table(title=f"{graph.name}: {len(found)} tasks from {sum(e.weight for e in own)} anchor ops "
-                        f"({len(found) - len(own)} alternative implementations, marked ↳)")
+    twins = f" ({len(found) - len(own)} alternative implementations, marked ↳)" if len(found) > len(own) else ""
+    table = Table(title=f"{graph.name}: {len(found)} tasks from {sum(e.weight for e in own)} anchor ops{twins}")
     for col, justify in (("#", "right"), ("op", "left"), ("input", "left"), ("weight", "left"), ("output", "left"),
                          ("epilogue", "left"), ("count", "right"), ("MFLOP", "right")):
         table.add_column(col, justify=justify)
