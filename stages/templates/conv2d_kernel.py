@@ -51,6 +51,7 @@ from stages.codegen.irb import (
     store_vec,
     vec,
 )
+from stages.codegen.parallel import body_args, emit_main, emit_phases, range_body
 from stages.templates import epilogue
 from stages.templates.conv2d_shape import ConvGeom
 
@@ -276,8 +277,6 @@ class Plan:
 
 def build(mod: ir.Module, p: Plan, ops: tuple[EpilogueOp, ...], threads: int) -> ir.Function:
     """Emit the phases and return `tf_main(ptr args)`; args are `[X, Wp, *epilogue, (workspace), Y]`."""
-    from stages.codegen.parallel import emit_main
-
     n_epi = len(epilogue.operands(ops))
     if any(p.y_pad) and not all(s.per_channel for s in epilogue.operands(ops)):
         raise ValueError("a padded Y would misplace Y-shaped epilogue operands")
@@ -291,13 +290,7 @@ def build(mod: ir.Module, p: Plan, ops: tuple[EpilogueOp, ...], threads: int) ->
         border = _emit_border(mod, p, 3 + n_epi + (1 if p.workspace else 0))
         # On the calling thread: a few hundred stores, cheaper than one more fork and join of the pool.
         phases.insert(0, emit_main(mod, border, p.g.n * p.g.oc, 1, name="tf_border"))
-    main = ir.Function(mod, ir.FunctionType(ir.VoidType(), [VOIDP]), name="tf_main")
-    b = ir.IRBuilder(main.append_basic_block("entry"))
-    for phase in phases:
-        phase.linkage = "internal"
-        b.call(phase, [main.args[0]])
-    b.ret_void()
-    return main
+    return emit_phases(mod, phases)
 
 
 @contextmanager
@@ -323,15 +316,6 @@ def _segments(p: Plan) -> int:
     return -(-p.out_h // p.rh)
 
 
-def _args(b: ir.IRBuilder, fn: ir.Function, count: int) -> list[ir.Value]:
-    argv = b.bitcast(fn.args[0], F32P.as_pointer())
-    return [b.load(b.gep(argv, [i64(i)])) for i in range(count)]
-
-
-def _range_fn(mod: ir.Module, name: str) -> tuple[ir.Function, ir.IRBuilder]:
-    fn = ir.Function(mod, ir.FunctionType(ir.VoidType(), [VOIDP, I64, I64]), name=name)
-    fn.linkage = "internal"
-    return fn, ir.IRBuilder(fn.append_basic_block("entry"))
 
 
 def _emit_pack_rows(mod: ir.Module, p: Plan) -> ir.Function:
@@ -436,8 +420,8 @@ def _emit_pack_rows(mod: ir.Module, p: Plan) -> ir.Function:
 def _emit_border(mod: ir.Module, p: Plan, n_args: int) -> ir.Function:
     """Zero the borders of Y planes [begin, end): the next conv reads them as its padding (the
     buffer is shared with other tensors between calls, so they are rewritten every call)."""
-    fn, b = _range_fn(mod, "tf_border_range")
-    y = _args(b, fn, n_args)[-1]
+    fn, b = range_body(mod, "tf_border_range")
+    y = body_args(b, fn, n_args)[-1]
     (top, left, bottom, right), g, pitch = p.y_pad, p.g, p.y_pitch
     zero = ir.Constant(F32, 0.0)
 
@@ -472,7 +456,7 @@ def _pack_blocks(g: ConvGeom, bounds: list[tuple[int, int]]) -> tuple[int, int]:
 
 def _emit_pack_planes(mod: ir.Module, p: Plan, rows: ir.Function, ws_slot: int) -> ir.Function:
     """Whole planes [begin, end): the separate pack phase, for schedules whose items are not row tiles."""
-    fn, b = _range_fn(mod, "tf_pack_range")
+    fn, b = range_body(mod, "tf_pack_range")
     ws = b.load(b.gep(b.bitcast(fn.args[0], F32P.as_pointer()), [i64(ws_slot)]))
     b.call(rows, [fn.args[0], fn.args[1], fn.args[2], i64(0), i64(p.hq * p.g.sh),
                   gep(b, ws, mul(b, fn.args[1], i64(p.plane))), i64(0)])
@@ -492,8 +476,8 @@ class _Conv:
         """`tf_conv_range(args, begin, end)`; with `pack` (`tf_pack_rows`), each item first packs the
         planes (`pack_in_item`) or the rows (`pack_rows`) it is first to read."""
         p, g = self.p, self.p.g
-        fn, b = _range_fn(mod, "tf_conv_range")
-        ptrs = _args(b, fn, 3 + self.n_epi + (1 if p.workspace else 0))
+        fn, b = range_body(mod, "tf_conv_range")
+        ptrs = body_args(b, fn, 3 + self.n_epi + (1 if p.workspace else 0))
         ws = ptrs[-2] if p.workspace else None
         if p.pack_rows:  # this range's own packed rows: no cache line is written by two threads
             x = b.alloca(F32, size=i64(p.stack_floats))

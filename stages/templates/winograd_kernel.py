@@ -22,10 +22,7 @@ from llvmlite import ir
 from schemas.task import EpilogueOp
 from stages.codegen.irb import (
     F32,
-    F32P,
     I32,
-    I64,
-    VOIDP,
     add,
     fconst,
     fma,
@@ -41,6 +38,7 @@ from stages.codegen.irb import (
     store_vec,
     vec,
 )
+from stages.codegen.parallel import body_args, emit_main, emit_phases, range_body
 from stages.templates import epilogue
 from stages.templates.conv2d_shape import ConvGeom
 
@@ -76,8 +74,9 @@ class WinoPlan:
 
     @property
     def nt(self) -> int:
-        """Tiles along a row per item: their m*nt = L output columns are one transpose."""
-        return self.lanes // self.m
+        """Tiles along a row per item: their m*nt = L output columns are one transpose (fewer when the
+        output is narrower: an 8-wide output computes 2 tiles of 4, not 4)."""
+        return min(self.lanes // self.m, -(-self.g.ow // self.m))
 
     @property
     def tiles(self) -> int:
@@ -128,20 +127,12 @@ class WinoPlan:
 
 def build(mod: ir.Module, p: WinoPlan, ops: tuple[EpilogueOp, ...], threads: int) -> ir.Function:
     """`tf_main(ptr args)`; args are `[X, U, *epilogue, workspace, Y]`."""
-    from stages.codegen.parallel import emit_main
-
     n_epi = len(epilogue.operands(ops))
     pack = _emit_pack(mod, p, ws_slot=2 + n_epi)
     tiles = _Tiles(p, ops, n_epi).emit(mod)
     phases = [emit_main(mod, pack, p.g.n * p.cb * p.hp, threads, name="tf_wpack"),
               emit_main(mod, tiles, p.g.n * p.row_items * p.col_items, threads, name="tf_wtiles")]
-    main = ir.Function(mod, ir.FunctionType(ir.VoidType(), [VOIDP]), name="tf_main")
-    b = ir.IRBuilder(main.append_basic_block("entry"))
-    for phase in phases:
-        phase.linkage = "internal"
-        b.call(phase, [main.args[0]])
-    b.ret_void()
-    return main
+    return emit_phases(mod, phases)
 
 
 def transpose(b: ir.IRBuilder, rows: list[ir.Value]) -> list[ir.Value]:
@@ -185,22 +176,13 @@ def sandwich(b: ir.IRBuilder, left: Sequence[Sequence[float]], d: list[list[ir.V
     return [[lincomb(b, row, t[i]) for row in left] for i in range(len(left))]
 
 
-def _args(b: ir.IRBuilder, fn: ir.Function, count: int) -> list[ir.Value]:
-    argv = b.bitcast(fn.args[0], F32P.as_pointer())
-    return [b.load(b.gep(argv, [i64(i)])) for i in range(count)]
-
-
-def _range_fn(mod: ir.Module, name: str) -> tuple[ir.Function, ir.IRBuilder]:
-    fn = ir.Function(mod, ir.FunctionType(ir.VoidType(), [VOIDP, I64, I64]), name=name)
-    fn.linkage = "internal"
-    return fn, ir.IRBuilder(fn.append_basic_block("entry"))
 
 
 def _emit_pack(mod: ir.Module, p: WinoPlan, ws_slot: int) -> ir.Function:
     """Rows [begin, end) of the (n, cb, padded row) grid of Xt."""
     g, L = p.g, p.lanes
-    fn, b = _range_fn(mod, "tf_wpack_rows")
-    args = _args(b, fn, ws_slot + 1)
+    fn, b = range_body(mod, "tf_wpack_rows")
+    args = body_args(b, fn, ws_slot + 1)
     x, xt = args[0], args[ws_slot]
     zero = ir.Constant(vec(L), None)
     chunks = -(-g.w // L)
@@ -248,8 +230,8 @@ class _Tiles:
 
     def emit(self, mod: ir.Module) -> ir.Function:
         p, L = self.p, self.p.lanes
-        fn, b = _range_fn(mod, "tf_wtiles_items")
-        args = _args(b, fn, 4 + self.n_epi)
+        fn, b = range_body(mod, "tf_wtiles_items")
+        args = body_args(b, fn, 4 + self.n_epi)
         self.b = b
         self.u, self.epi, self.xt, self.y = args[1], args[2:2 + self.n_epi], args[2 + self.n_epi], args[-1]
         cp = p.cb * L
