@@ -169,12 +169,42 @@ def lincomb(b: ir.IRBuilder, coeffs: Sequence[float], xs: Sequence[ir.Value]) ->
     return acc
 
 
-def sandwich(b: ir.IRBuilder, left: Sequence[Sequence[float]], d: list[list[ir.Value]]) -> list[list[ir.Value]]:
-    """`left @ d @ left^T` on a grid of vectors."""
-    cols = len(d[0])
-    t = [[lincomb(b, row, [d[r][s] for r in range(len(d))]) for s in range(cols)] for row in left]
-    return [[lincomb(b, row, t[i]) for row in left] for i in range(len(left))]
+Transform1D = Callable[[ir.IRBuilder, list[ir.Value]], list[ir.Value]]
 
+
+def sandwich(b: ir.IRBuilder, apply: Transform1D, d: list[list[ir.Value]]) -> list[list[ir.Value]]:
+    """`T @ d @ T^T` on a grid of vectors, `apply` being the 1-D transform `x -> T @ x`."""
+    cols = [apply(b, [row[s] for row in d]) for s in range(len(d[0]))]  # cols[s][i] = (T @ d)[i][s]
+    return [apply(b, [col[i] for col in cols]) for i in range(len(cols[0]))]
+
+
+def _by_rows(matrix: Sequence[Sequence[float]]) -> Transform1D:
+    return lambda b, xs: [lincomb(b, row, xs) for row in matrix]
+
+
+def _bt4(b: ir.IRBuilder, d: list[ir.Value]) -> list[ir.Value]:
+    """`BT[4] @ d` with shared sums: 14 operations where row by row takes 22."""
+    def k(v: float) -> ir.Value:
+        return fconst(d[0].type, v)
+
+    s12, s34 = b.fadd(d[1], d[2]), b.fadd(d[3], d[4])
+    e12, e43 = b.fsub(d[1], d[2]), b.fsub(d[4], d[3])
+    e42, e31 = b.fsub(d[4], d[2]), b.fsub(d[3], d[1])
+    return [fma(b, d[0], k(4), fma(b, d[2], k(-5), d[4])), fma(b, s12, k(-4), s34), fma(b, e12, k(4), e43),
+            fma(b, e31, k(2), e42), fma(b, e31, k(-2), e42), fma(b, d[1], k(4), fma(b, d[3], k(-5), d[5]))]
+
+
+def _at4(b: ir.IRBuilder, m: list[ir.Value]) -> list[ir.Value]:
+    """`AT[4] @ m` with shared sums: 10 operations where row by row takes 14."""
+    c = m[0].type
+    s12, s34 = b.fadd(m[1], m[2]), b.fadd(m[3], m[4])
+    e12, e34 = b.fsub(m[1], m[2]), b.fsub(m[3], m[4])
+    return [b.fadd(b.fadd(m[0], s12), s34), fma(b, e34, fconst(c, 2), e12), fma(b, s34, fconst(c, 4), s12),
+            b.fadd(fma(b, e34, fconst(c, 8), e12), m[5])]
+
+
+INPUT_1D: dict[int, Transform1D] = {2: _by_rows(BT[2]), 4: _bt4}
+OUTPUT_1D: dict[int, Transform1D] = {2: _by_rows(AT[2]), 4: _at4}
 
 
 
@@ -267,7 +297,7 @@ class _Tiles:
                                                                                         i64(p.wp)),
                                                                                add(b, x0, i64(s)))), i64(L))), L)
                       for s in range(p.alpha)] for rr in range(p.alpha)]
-                v = sandwich(b, BT[p.m], d)
+                v = sandwich(b, INPUT_1D[p.m], d)
                 for xi in range(p.a2):
                     at = add(b, mul(b, add(b, mul(b, i64(xi), i64(p.tiles)), t), i64(cp)), mul(b, cb, i64(L)))
                     store_vec(b, v[xi // p.alpha][xi % p.alpha], gep(b, self.vbuf, at))
@@ -303,7 +333,7 @@ class _Tiles:
                 base = mul(b, add(b, mul(b, t, i64(p.nk)), i64(j)), i64(p.a2 * L))
                 mt = [[load_vec(b, gep(b, self.mbuf, add(b, base, i64((i * p.alpha + s) * L))), L)
                        for s in range(p.alpha)] for i in range(p.alpha)]
-                o = sandwich(b, AT[p.m], mt)
+                o = sandwich(b, OUTPUT_1D[p.m], mt)
                 for a in range(p.m):
                     for c in range(p.m):
                         at = add(b, i64(a * L * L + c * L), mul(b, tl, i64(p.m * L)))
