@@ -23,12 +23,14 @@ from stages.templates.space import ConfigSpace, Knob, Knobs
 from stages.templates.winograd_kernel import MAX_LANES, G, WinoPlan, build
 
 NAME = "conv2d_winograd"
-VERSION = 3  # 2: an output narrower than 16 columns computes only its own tiles; 3: F(4x4) transforms share sums
+VERSION = 4  # 2: an output narrower than 16 columns computes only its own tiles; 3: F(4x4) transforms
+# share sums; 4: knob `pack`
 
 M = (2, 4)  # output tile edge
 RT = (1, 2, 3, 4)  # tile rows per work item
 NK = (1, 2, 4)  # output-channel vectors per GEMM block
 CU = (1, 2, 4)  # input channels per unrolled GEMM step
+PACK = ("phase", "item")  # X packed for the whole image first, or by each work item for itself
 
 CLI_OPTIONS = ("input", "weight", "pad", "epilogue")
 
@@ -57,7 +59,7 @@ def task_from_cli(opts: dict) -> TuningTask:
 
 def plan(task: TuningTask, knobs: Knobs, target: Target) -> WinoPlan:
     return WinoPlan(geom(task), target.vector_lanes, int(knobs["m"]), int(knobs["rt"]), int(knobs["nk"]),
-                    int(knobs["cu"]))
+                    int(knobs["cu"]), str(knobs["pack"]))
 
 
 def space(task: TuningTask, target: Target) -> ConfigSpace:
@@ -77,7 +79,8 @@ def space(task: TuningTask, target: Target) -> ConfigSpace:
             return f"rt={p.rt} tile rows of {p.m} overshoot the output height {g.oh}"
         return None
 
-    return ConfigSpace(knobs=(Knob("m", M), Knob("rt", RT), Knob("nk", NK), Knob("cu", CU)), rule=rule)
+    return ConfigSpace(knobs=(Knob("m", M), Knob("rt", RT), Knob("nk", NK), Knob("cu", CU), Knob("pack", PACK)),
+                       rule=rule)
 
 
 def default_config(task: TuningTask, target: Target) -> Config:
@@ -85,7 +88,7 @@ def default_config(task: TuningTask, target: Target) -> Config:
     16 accumulators: on 16 lanes 8-16 accumulators measured fastest (16x32x32: 21 us; 4 rows, 25)."""
     sp = space(task, target)
     for m, rt, nk in ((m, rt, nk) for m in (4, 2) for rt in (2, 1) for nk in (4, 2, 1)):
-        knobs = {"m": m, "rt": rt, "nk": nk, "cu": 1}
+        knobs = {"m": m, "rt": rt, "nk": nk, "cu": 1, "pack": "phase"}
         if plan(task, knobs, target).accumulators <= 16 and sp.reason(knobs) is None:
             return sp.from_knobs(knobs)
     raise ValueError(f"no Winograd schedule fits {task.description} on {target.vector_lanes} lanes")
@@ -103,12 +106,13 @@ def transform_weights(w: np.ndarray, m: int) -> np.ndarray:
 
 
 def kernel_args(task: TuningTask, knobs: Knobs, inputs: list[np.ndarray]) -> list[np.ndarray]:
-    """`[X, U, *epilogue tensors, workspace, Y]`; the workspace is sized for `MAX_LANES`, which
-    bounds it for any target's lanes."""
-    p = WinoPlan(geom(task), MAX_LANES, int(knobs["m"]), int(knobs["rt"]), int(knobs["nk"]), int(knobs["cu"]))
+    """`[X, U, *epilogue tensors, (workspace), Y]`; a workspace sized for `MAX_LANES` fits any target's lanes."""
+    p = WinoPlan(geom(task), MAX_LANES, int(knobs["m"]), int(knobs["rt"]), int(knobs["nk"]), int(knobs["cu"]),
+                 str(knobs["pack"]))
     x, w, *epi = inputs
-    return [np.ascontiguousarray(x), transform_weights(w, p.m), *(np.ascontiguousarray(e) for e in epi),
-            np.zeros(p.workspace, dtype=np.float32), np.zeros(task.outputs[0].shape, dtype=np.float32)]
+    ws = [np.zeros(p.workspace, dtype=np.float32)] if p.workspace else []
+    return [np.ascontiguousarray(x), transform_weights(w, p.m), *(np.ascontiguousarray(e) for e in epi), *ws,
+            np.zeros(task.outputs[0].shape, dtype=np.float32)]
 
 
 def build_ir(task: TuningTask, knobs: Knobs, target: Target, threads: int = 1) -> ir.Module:
