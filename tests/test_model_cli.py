@@ -97,6 +97,7 @@ def test_tune_resumes_from_its_log_and_builds_the_tuned_library(model, tmp_path)
     assert winograd["task"].startswith("conv2d_winograd(1x3x8x8")
     assert sum(t["trials"] for t in first["tasks"]) == 6 and min(t["best_gflops"] for t in first["tasks"]) > 0
     assert first["ops"]["tuned"] == 2 and first["log_digest"]
+    assert first["templates"]["dense"] == 1 and sum(first["templates"].values()) == 2
     assert len(first["charts"]) == 3 and all(Path(c).stat().st_size > 5000 for c in first["charts"])
     again = json.loads(tunaflow(*args).stdout)
     assert [t["new_trials"] for t in again["tasks"]] == [0, 0, 0] and again["log_digest"] == first["log_digest"]

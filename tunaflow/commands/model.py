@@ -56,9 +56,14 @@ def _build(graph, target, output: Path, threads: int, log: Path | None, quiet: b
 
 def build_summary(manifest, output: Path) -> dict:
     kinds: dict[str, int] = {}
+    templates: dict[str, int] = {}  # anchors per implementation: which ran Winograd, which the direct kernel
     for op in manifest.ops:
         kinds[op.kind] = kinds.get(op.kind, 0) + 1
-    return {"library": str(output), "ops": kinds, "threads": manifest.threads, "target_key": manifest.target_key,
+        if op.kind in ("tuned", "default") and op.task:
+            name = op.task.split("(")[0]
+            templates[name] = templates.get(name, 0) + 1
+    return {"library": str(output), "ops": kinds, "templates": templates, "threads": manifest.threads,
+            "target_key": manifest.target_key,
             "log_digest": manifest.log_digest, "workspace_bytes": manifest.workspace_bytes,
             "naive_workspace_bytes": manifest.naive_workspace_bytes, "weights_bytes": manifest.weights_bytes,
             "build_s": round(manifest.build_s, 2),
@@ -70,6 +75,8 @@ def _print_build(s: dict) -> None:
     out.print(f"built    : {s['library']} ({ops}; {s['threads']} thread(s); {s['build_s']:.1f} s)")
     out.print(f"memory   : workspace {s['workspace_bytes'] / 2**20:.2f} MiB (without reuse "
               f"{s['naive_workspace_bytes'] / 2**20:.2f} MiB), weights {s['weights_bytes'] / 2**20:.2f} MiB")
+    if s["templates"]:
+        out.print("kernels  : " + ", ".join(f"{n} x {name}" for name, n in sorted(s["templates"].items())))
     if s["padded_hand_offs"]:
         out.print(f"layout   : {s['padded_hand_offs']} conv input(s) written padded by the op before (no pack)")
 
