@@ -143,3 +143,21 @@ def test_the_build_runs_whichever_implementation_measured_faster(tmp_path, host)
     np.testing.assert_allclose(load(tmp_path / "lib2")(**feeds), expected, rtol=1e-3, atol=1e-4)
     # without a log the default build keeps the direct kernel
     assert build_library(graph, host, tmp_path / "lib3").ops[0].task.startswith("conv2d(")
+
+
+def test_tune_op_runs_winograd_and_names_what_it_cannot_serve(tmp_path):
+    import subprocess
+    import sys
+
+    def tunaflow(*args):
+        return subprocess.run([sys.executable, "-m", "tunaflow", "tune-op", "conv2d_winograd", *args, "--log",
+                               str(tmp_path / "log"), "--no-prefect"], capture_output=True, text=True, timeout=300)
+
+    r = tunaflow("--input", "1x8x12x12", "--weight", "8x8x3x3", "--pad", "1", "--trials", "3")
+    assert r.returncode == 0, r.stderr
+    trials = [rec for rec in TuningLog(tmp_path / "log").records() if rec.tuner != "remeasure"]
+    assert "best schedule : m=" in r.stdout and len(trials) == 3 and all(t.task.op == "conv2d_winograd" for t in trials)
+    r = tunaflow("--input", "1x8x12x12", "--weight", "8x8x3x3", "--stride", "2")
+    assert r.returncode == 2 and "does not take --stride" in r.stderr
+    r = tunaflow("--input", "1x8x12x12", "--weight", "8x8x1x1")
+    assert r.returncode == 2 and "serves 3x3 stride-1" in r.stderr and "8x8x1x1" in r.stderr
