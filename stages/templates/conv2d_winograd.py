@@ -23,8 +23,8 @@ from stages.templates.space import ConfigSpace, Knob, Knobs
 from stages.templates.winograd_kernel import MAX_LANES, G, WinoPlan, build
 
 NAME = "conv2d_winograd"
-VERSION = 4  # 2: an output narrower than 16 columns computes only its own tiles; 3: F(4x4) transforms
-# share sums; 4: knob `pack`
+VERSION = 5  # 2: an output narrower than 16 columns computes only its own tiles; 3: F(4x4) transforms
+# share sums; 4: knob `pack`; 5: pack=item items are whole row blocks
 
 M = (2, 4)  # output tile edge
 RT = (1, 2, 3, 4)  # tile rows per work item

@@ -5,9 +5,8 @@ tiles (`L` output columns) of one image; each
 1. finds X (NCHW) packed zero-padded as `[cb][row][col][L]`, `L` channels per position (one `L x L`
    transpose per `L` columns), so a tile's input is `alpha^2` aligned vector loads. Knob `pack`:
    `phase` packs the whole image first, in a parallel phase of its own, into the workspace; `item`
-   packs just the item's rows and columns on its stack (those two apart packed by both
-   neighbours), one fork and join less: 2 threads, 32x16x16 9.7 us vs 11.5, but on a 32-wide
-   layer, whose items overlap more, 18.9 vs 16.1;
+   makes an item a whole row block, which packs its `rt*m + 2` rows on its stack (two rows packed
+   by both neighbours) and stays in L1, with one fork and join less;
 2. transforms its tiles' input (`B^T d B`, for every channel block) into a stack buffer
    `V[xi][tile][C]`;
 3. for each block of `nk` output-channel vectors: `alpha^2` small GEMMs (`V[xi] @ U[xi]`, tiles
@@ -68,7 +67,7 @@ class WinoPlan:
     rt: int  # tile rows per item
     nk: int  # output-channel vectors per GEMM block
     cu: int  # input channels per unrolled GEMM step
-    pack: str  # "phase" (the image, before the items) or "item" (each item its own patch)
+    pack: str  # "phase" (the image, before the items) or "item" (each item its own rows)
 
     @property
     def alpha(self) -> int:
@@ -119,17 +118,13 @@ class WinoPlan:
         return self.rt * self.m + 2
 
     @property
-    def patch_cols(self) -> int:
-        return self.nt * self.m + 2
-
-    @property
     def hp(self) -> int:
-        """Rows of the packed image: every item's tiles (phase pack)."""
+        """Rows of the packed image: every item's tiles (`pack=phase`)."""
         return self.row_items * self.rt * self.m + 2
 
     @property
     def wp(self) -> int:
-        """Padded width: every item's tiles, and the pack's whole-vector column chunks (phase pack)."""
+        """Padded width: every item's tiles, and the pack's whole-vector column chunks."""
         return max(self.col_items * self.lanes + 2, self.g.pl + -(-self.g.w // self.lanes) * self.lanes)
 
     @property
@@ -144,8 +139,8 @@ class WinoPlan:
 def build(mod: ir.Module, p: WinoPlan, ops: tuple[EpilogueOp, ...], threads: int) -> ir.Function:
     """`tf_main(ptr args)`; args are `[X, U, *epilogue, (workspace), Y]`."""
     n_epi = len(epilogue.operands(ops))
-    tiles = emit_main(mod, _Tiles(p, ops, n_epi).emit(mod), p.g.n * p.row_items * p.col_items, threads,
-                      name="tf_wtiles")
+    items = p.g.n * p.row_items * (1 if p.pack == "item" else p.col_items)
+    tiles = emit_main(mod, _Tiles(p, ops, n_epi).emit(mod), items, threads, name="tf_wtiles")
     if p.pack == "item":
         return emit_phases(mod, [tiles])
     pack = emit_main(mod, _emit_pack(mod, p, ws_slot=2 + n_epi), p.g.n * p.cb * p.hp, threads, name="tf_wpack")
@@ -225,50 +220,49 @@ OUTPUT_1D: dict[int, Transform1D] = {2: _by_rows(AT[2]), 4: _at4}
 
 
 
-def _splat_i32(b: ir.IRBuilder, x: ir.Value, lanes: int) -> ir.Value:
-    ity = ir.VectorType(I32, lanes)
-    v = b.insert_element(ir.Constant(ity, ir.Undefined), x, ir.Constant(I32, 0))
-    return b.shuffle_vector(v, ir.Constant(ity, ir.Undefined), ir.Constant(ir.VectorType(I32, lanes), None))
-
-
 def _emit_pack(mod: ir.Module, p: WinoPlan, ws_slot: int) -> ir.Function:
-    """Rows [begin, end) of the (n, cb, padded row) grid of Xt."""
-    g, L = p.g, p.lanes
+    """Rows [begin, end) of the (n, cb, padded row) grid of the packed image (`pack=phase`)."""
     fn, b = range_body(mod, "tf_wpack_rows")
     args = body_args(b, fn, ws_slot + 1)
-    x, xt = args[0], args[ws_slot]
-    zero = ir.Constant(vec(L), None)
-    chunks = -(-g.w // L)
     with for_range(b, fn.args[1], fn.args[2], name="row") as item:
-        dst_row = gep(b, xt, mul(b, item, i64(p.wp * L)))
         nc, yy = b.sdiv(item, i64(p.hp)), b.srem(item, i64(p.hp))
         n, cb = b.sdiv(nc, i64(p.cb)), b.srem(nc, i64(p.cb))
-        y = b.sub(yy, i64(g.pt))
-        inside = b.and_(b.icmp_signed(">=", y, i64(0)), b.icmp_signed("<", y, i64(g.h)))
-        with b.if_else(inside) as (then, other):
-            with then:
-                with for_range(b, i64(0), i64(g.pl), name="zl") as xx:
-                    store_vec(b, zero, gep(b, dst_row, mul(b, xx, i64(L))))
-                with for_range(b, i64(g.pl + chunks * L), i64(p.wp), name="zr") as xx:
-                    store_vec(b, zero, gep(b, dst_row, mul(b, xx, i64(L))))
-                c0 = mul(b, cb, i64(L))
-                plane = add(b, mul(b, n, i64(g.c)), c0)
-                with for_range(b, i64(0), i64(chunks), name="xc") as xc:
-                    x0 = mul(b, xc, i64(L))
-                    valid = b.trunc(b.sub(i64(g.w), x0), I32)
-                    rows = []
-                    for i in range(L):
-                        src = gep(b, x, add(b, mul(b, add(b, plane, i64(i)), i64(g.h * g.w)),
-                                            add(b, mul(b, y, i64(g.w)), x0)))
-                        ok = b.icmp_signed("<", add(b, c0, i64(i)), i64(g.c))
-                        rows.append(b.select(ok, load_vec(b, src, L, _prefix(b, valid, L, ok)), zero))
-                    for i, v in enumerate(transpose(b, rows)):
-                        store_vec(b, v, gep(b, dst_row, mul(b, add(b, i64(g.pl + i), x0), i64(L))))
-            with other:
-                with for_range(b, i64(0), i64(p.wp), name="z") as xx:
-                    store_vec(b, zero, gep(b, dst_row, mul(b, xx, i64(L))))
+        _pack_row(b, p, args[0], gep(b, args[ws_slot], mul(b, item, i64(p.wp * p.lanes))), n, cb,
+                  b.sub(yy, i64(p.g.pt)))
     b.ret_void()
     return fn
+
+
+def _pack_row(b: ir.IRBuilder, p: WinoPlan, x: ir.Value, dst: ir.Value, n: ir.Value, cb: ir.Value,
+              y: ir.Value) -> None:
+    """Input row `y` (zeros when outside X) of channel block `cb`, zero-padded, as `wp` positions of
+    `L` channels from `dst` on: one `L x L` transpose per `L` columns."""
+    g, L = p.g, p.lanes
+    zero = ir.Constant(vec(L), None)
+    chunks = -(-g.w // L)
+    inside = b.and_(b.icmp_signed(">=", y, i64(0)), b.icmp_signed("<", y, i64(g.h)))
+    with b.if_else(inside) as (then, other):
+        with then:
+            with for_range(b, i64(0), i64(g.pl), name="zl") as xx:
+                store_vec(b, zero, gep(b, dst, mul(b, xx, i64(L))))
+            with for_range(b, i64(g.pl + chunks * L), i64(p.wp), name="zr") as xx:
+                store_vec(b, zero, gep(b, dst, mul(b, xx, i64(L))))
+            c0 = mul(b, cb, i64(L))
+            plane = add(b, mul(b, n, i64(g.c)), c0)
+            with for_range(b, i64(0), i64(chunks), name="xc") as xc:
+                x0 = mul(b, xc, i64(L))
+                valid = b.trunc(b.sub(i64(g.w), x0), I32)
+                rows = []
+                for i in range(L):
+                    src = gep(b, x, add(b, mul(b, add(b, plane, i64(i)), i64(g.h * g.w)),
+                                        add(b, mul(b, y, i64(g.w)), x0)))
+                    ok = b.icmp_signed("<", add(b, c0, i64(i)), i64(g.c))
+                    rows.append(b.select(ok, load_vec(b, src, L, _prefix(b, valid, L, ok)), zero))
+                for i, v in enumerate(transpose(b, rows)):
+                    store_vec(b, v, gep(b, dst, mul(b, add(b, i64(g.pl + i), x0), i64(L))))
+        with other:
+            with for_range(b, i64(0), i64(p.wp), name="z") as xx:
+                store_vec(b, zero, gep(b, dst, mul(b, xx, i64(L))))
 
 
 def _prefix(b: ir.IRBuilder, valid: ir.Value, lanes: int, ok: ir.Value) -> ir.Value:
@@ -288,77 +282,53 @@ class _Tiles:
         self.b = b
         self.x, self.u, self.epi, self.y = args[0], args[1], args[2:2 + self.n_epi], args[-1]
         if p.pack == "item":
-            self.xbuf = b.alloca(F32, p.cb * p.patch_rows * p.patch_cols * L, name="X")
+            self.xbuf = b.alloca(F32, p.cb * p.patch_rows * p.wp * L, name="X")
             self.xbuf.align = 64
         self.vbuf = b.alloca(F32, p.a2 * p.tiles * p.cb * L, name="V")
         self.mbuf = b.alloca(F32, p.tiles * p.nk * p.a2 * L, name="M")
         self.obuf = b.alloca(F32, p.m * L * L, name="O")
         for buf in (self.vbuf, self.mbuf, self.obuf):
             buf.align = 64
+        groups = p.col_items if p.pack == "item" else 1  # column groups per item
         with for_range(b, fn.args[1], fn.args[2], name="item") as item:
-            per_image = p.row_items * p.col_items
+            per_image = p.row_items * p.col_items // groups
             n = b.sdiv(item, i64(per_image))
             rest = b.srem(item, i64(per_image))
-            ty0 = mul(b, b.sdiv(rest, i64(p.col_items)), i64(p.rt))
-            col0 = mul(b, b.srem(rest, i64(p.col_items)), i64(L))
+            ty0 = mul(b, b.sdiv(rest, i64(p.col_items // groups)), i64(p.rt))
             if p.pack == "item":
-                self._pack(n, ty0, col0)
-                self._input_transform(lambda cb: mul(b, cb, i64(p.patch_rows)), p.patch_cols, self.xbuf, i64(0))
+                with for_range(b, i64(0), i64(p.cb), name="pcb") as cb:
+                    with for_range(b, i64(0), i64(p.patch_rows), name="prow") as rr:
+                        dst = gep(b, self.xbuf, mul(b, add(b, mul(b, cb, i64(p.patch_rows)), rr), i64(p.wp * L)))
+                        _pack_row(b, p, self.x, dst, n, cb, b.sub(add(b, mul(b, ty0, i64(p.m)), rr), i64(p.g.pt)))
+
+                def first_row(cb: ir.Value) -> ir.Value:
+                    return mul(b, cb, i64(p.patch_rows))
+                src = self.xbuf
             else:
-                self._input_transform(lambda cb: add(b, mul(b, add(b, mul(b, n, i64(p.cb)), cb), i64(p.hp)),
-                                                     mul(b, ty0, i64(p.m))), p.wp, args[2 + self.n_epi], col0)
-            with for_range(b, i64(0), i64(p.kb // p.nk), name="kc") as kc:
-                self._gemm(kc)
-                for j in range(p.nk):
-                    self._output(n, ty0, col0, add(b, mul(b, kc, i64(p.nk)), i64(j)), j)
+                def first_row(cb: ir.Value) -> ir.Value:
+                    return add(b, mul(b, add(b, mul(b, n, i64(p.cb)), cb), i64(p.hp)), mul(b, ty0, i64(p.m)))
+                src = args[2 + self.n_epi]
+            with for_range(b, i64(0), i64(groups), name="grp") as grp:
+                col0 = mul(b, add(b, b.srem(rest, i64(p.col_items // groups)), grp), i64(L))
+                self._input_transform(first_row, src, col0)
+                with for_range(b, i64(0), i64(p.kb // p.nk), name="kc") as kc:
+                    self._gemm(kc)
+                    for j in range(p.nk):
+                        self._output(n, ty0, col0, add(b, mul(b, kc, i64(p.nk)), i64(j)), j)
         b.ret_void()
         return fn
 
-    def _pack(self, n: ir.Value, ty0: ir.Value, col0: ir.Value) -> None:
-        """X's rows and columns under this item's tiles, zero outside X, into `xbuf[cb][row][col][L]`."""
-        b, p, g, L = self.b, self.p, self.p.g, self.p.lanes
-        zero = ir.Constant(vec(L), None)
-        iota = ir.Constant(ir.VectorType(I32, L), list(range(L)))
-        with for_range(b, i64(0), i64(p.cb), name="pcb") as cb:
-            c0 = mul(b, cb, i64(L))
-            with for_range(b, i64(0), i64(p.patch_rows), name="prow") as rr:
-                dst = gep(b, self.xbuf, mul(b, add(b, mul(b, cb, i64(p.patch_rows)), rr), i64(p.patch_cols * L)))
-                y = b.sub(add(b, mul(b, ty0, i64(p.m)), rr), i64(g.pt))
-                inside = b.and_(b.icmp_signed(">=", y, i64(0)), b.icmp_signed("<", y, i64(g.h)))
-                with b.if_else(inside) as (then, other):
-                    with then:
-                        for j in range(-(-p.patch_cols // L)):
-                            x0 = b.sub(add(b, col0, i64(j * L)), i64(g.pl))
-                            xs = b.add(iota, _splat_i32(b, b.trunc(x0, I32), L))
-                            cols = b.and_(b.icmp_signed(">=", xs, ir.Constant(xs.type, [0] * L)),
-                                          b.icmp_signed("<", xs, ir.Constant(xs.type, [g.w] * L)))
-                            rows = []
-                            for i in range(L):
-                                ok = b.icmp_signed("<", add(b, c0, i64(i)), i64(g.c))
-                                at = add(b, mul(b, add(b, add(b, mul(b, n, i64(g.c)), c0), i64(i)), i64(g.h * g.w)),
-                                         add(b, mul(b, y, i64(g.w)), x0))
-                                # x0 may be -pl: the lanes before the row start are masked off, never read
-                                src = b.gep(self.x, [at])
-                                mask = b.select(ok, cols, ir.Constant(cols.type, [0] * L))
-                                rows.append(load_vec(b, src, L, mask))
-                            for s, v in enumerate(transpose(b, rows)[: min(L, p.patch_cols - j * L)]):
-                                store_vec(b, v, gep(b, dst, i64((j * L + s) * L)))
-                    with other:
-                        with for_range(b, i64(0), i64(p.patch_cols), name="z") as xx:
-                            store_vec(b, zero, gep(b, dst, mul(b, xx, i64(L))))
-
-    def _input_transform(self, first_row: Callable[[ir.Value], ir.Value], pitch: int, src: ir.Value,
-                         col0: ir.Value) -> None:
-        """`B^T d B` of every tile and channel block into `vbuf`; `src` holds packed X, channel block
-        `cb`'s row of this item's first tile row being `first_row(cb)`, `pitch` positions a row."""
+    def _input_transform(self, first_row: Callable[[ir.Value], ir.Value], src: ir.Value, col0: ir.Value) -> None:
+        """`B^T d B` of every tile and channel block into `vbuf`; `src` holds packed X (`wp` positions
+        a row), channel block `cb`'s row of this item's first tile row being `first_row(cb)`."""
         b, p, L = self.b, self.p, self.p.lanes
         cp = p.cb * L
         with for_range(b, i64(0), i64(p.tiles), name="t") as t:
             r, tl = b.sdiv(t, i64(p.nt)), b.srem(t, i64(p.nt))
             y0, x0 = mul(b, r, i64(p.m)), add(b, col0, mul(b, tl, i64(p.m)))
             with for_range(b, i64(0), i64(p.cb), name="cb") as cb:
-                corner = add(b, mul(b, add(b, first_row(cb), y0), i64(pitch)), x0)
-                d = [[load_vec(b, gep(b, src, mul(b, add(b, corner, i64(rr * pitch + s)), i64(L))), L)
+                corner = add(b, mul(b, add(b, first_row(cb), y0), i64(p.wp)), x0)
+                d = [[load_vec(b, gep(b, src, mul(b, add(b, corner, i64(rr * p.wp + s)), i64(L))), L)
                       for s in range(p.alpha)] for rr in range(p.alpha)]
                 v = sandwich(b, INPUT_1D[p.m], d)
                 for xi in range(p.a2):
