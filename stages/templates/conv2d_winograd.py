@@ -18,6 +18,7 @@ from schemas.target import Target
 from schemas.task import TuningTask
 from stages.codegen.harness import add_harness
 from stages.templates.conv2d import make_inputs, reference
+from stages.templates.conv2d import task_from_cli as conv2d_from_cli
 from stages.templates.conv2d_shape import geom
 from stages.templates.space import ConfigSpace, Knob, Knobs
 from stages.templates.winograd_kernel import MAX_LANES, G, WinoPlan, build
@@ -52,9 +53,7 @@ def twin(task: TuningTask) -> TuningTask:
 
 def task_from_cli(opts: dict) -> TuningTask:
     """`tune-op conv2d_winograd --input 1x16x32x32 --weight 16x16x3x3 --pad 1 --epilogue bias,relu`."""
-    from stages.templates import conv2d
-
-    return twin(conv2d.task_from_cli({**opts, "stride": 1, "dilation": 1, "groups": 1}))
+    return twin(conv2d_from_cli({**opts, "stride": 1, "dilation": 1, "groups": 1}))
 
 
 def plan(task: TuningTask, knobs: Knobs, target: Target) -> WinoPlan:
