@@ -69,3 +69,21 @@ def test_gradient_allocation_beats_round_robin_on_unequal_tasks():
     gr, _ = allocate(GradientScheduler(seed=0), tasks(), weights, budget=192)
     assert weighted_latency(gr) < weighted_latency(rr)
     assert gr[1].trials > rr[1].trials
+
+
+def test_a_task_new_to_a_resumed_log_gets_its_default_before_the_older_tasks_go_on(tmp_path):
+    """A twin added after its sibling was tuned (or whose template version changed) must be measured
+    at least once, or the build cannot compare the two."""
+    from schemas import MeasureOptions, Target, TuningOptions, matmul_task
+    from stages.build.tune_all import tune_tasks
+    from stages.log import TuningLog
+    from stages.templates import matmul
+
+    host, log = Target.host(), TuningLog(tmp_path / "log")
+    old, new = matmul_task(24, 32, 16), matmul_task(16, 24, 32)
+    options = TuningOptions(n_trials=4, batch_size=4, tuner="random", measure=MeasureOptions(threads=1))
+    tune_tasks([old], [1], host, options, log, budget=4, scheduler="round-robin")
+    summaries = tune_tasks([old, new], [1, 1], host, options, log, budget=5, scheduler="round-robin")
+    assert [s.trials for s in summaries] == [4, 1]
+    (first,) = [r for r in log.records() if r.task_signature == new.signature and r.tuner != "remeasure"]
+    assert first.config.knobs == matmul.default_config(new, host).knobs

@@ -2,8 +2,9 @@
 
 The task scheduler (`stages/schedule`, gradient-based by default, as in Ansor) picks which task
 gets the next batch, weighting each task by how often it occurs in the model. A task's first
-trial is its template's default schedule, so apply-best never picks a schedule measured slower. One builder and
-one runner serve every task. The budget counts the trials already in the log for these tasks,
+trial is its template's default schedule, so apply-best never picks a schedule measured slower;
+every task without trials gets that one before the scheduler starts. One builder and one runner
+serve every task. The budget counts the trials already in the log for these tasks,
 so a rerun with the same budget resumes instead of starting over.
 """
 
@@ -64,14 +65,18 @@ def tune_tasks(tasks: list[TuningTask], weights: list[int], target: Target, opti
 
         def step_for(s: TuningSession):
             def step(n: int) -> tuple[int, float]:
-                if s.trials == 0:  # the default schedule is the first trial: the build never picks worse
-                    return measure_and_record(s, [s.template.default_config(s.task, target)])
                 configs = [] if s.done else steps.propose(s)[:n]
                 if not configs:
                     return 0, math.inf
                 return measure_and_record(s, configs)
             return step
 
+        # Each new task's first trial is its default schedule, so the build never picks worse, and
+        # all of them run before the scheduler spends the rest: a task new to a resumed log (a twin
+        # whose template version changed) would otherwise wait behind the older tasks' batches.
+        for s in sessions:
+            if remaining > 0 and s.trials == 0:
+                remaining -= measure_and_record(s, [s.template.default_config(s.task, target)])[0]
         if remaining > 0 and sessions:
             allocate(SCHEDULERS[scheduler](options.seed), [step_for(s) for s in sessions], weights, remaining,
                      options.batch_size)
