@@ -104,7 +104,8 @@ class WinoPlan:
         return -(-self.tile_rows // self.rt)
 
     @property
-    def col_items(self) -> int:
+    def col_groups(self) -> int:
+        """Groups of `L` output columns (an item's tiles along a row)."""
         return -(-self.g.ow // self.lanes)
 
     @property
@@ -125,7 +126,7 @@ class WinoPlan:
     @property
     def wp(self) -> int:
         """Padded width: every item's tiles, and the pack's whole-vector column chunks."""
-        return max(self.col_items * self.lanes + 2, self.g.pl + -(-self.g.w // self.lanes) * self.lanes)
+        return max(self.col_groups * self.lanes + 2, self.g.pl + -(-self.g.w // self.lanes) * self.lanes)
 
     @property
     def workspace(self) -> int:
@@ -139,7 +140,7 @@ class WinoPlan:
 def build(mod: ir.Module, p: WinoPlan, ops: tuple[EpilogueOp, ...], threads: int) -> ir.Function:
     """`tf_main(ptr args)`; args are `[X, U, *epilogue, (workspace), Y]`."""
     n_epi = len(epilogue.operands(ops))
-    items = p.g.n * p.row_items * (1 if p.pack == "item" else p.col_items)
+    items = p.g.n * p.row_items * (1 if p.pack == "item" else p.col_groups)
     tiles = emit_main(mod, _Tiles(p, ops, n_epi).emit(mod), items, threads, name="tf_wtiles")
     if p.pack == "item":
         return emit_phases(mod, [tiles])
@@ -289,12 +290,12 @@ class _Tiles:
         self.obuf = b.alloca(F32, p.m * L * L, name="O")
         for buf in (self.vbuf, self.mbuf, self.obuf):
             buf.align = 64
-        groups = p.col_items if p.pack == "item" else 1  # column groups per item
+        groups = p.col_groups if p.pack == "item" else 1  # column groups per item
         with for_range(b, fn.args[1], fn.args[2], name="item") as item:
-            per_image = p.row_items * p.col_items // groups
+            per_image = p.row_items * p.col_groups // groups
             n = b.sdiv(item, i64(per_image))
             rest = b.srem(item, i64(per_image))
-            ty0 = mul(b, b.sdiv(rest, i64(p.col_items // groups)), i64(p.rt))
+            ty0 = mul(b, b.sdiv(rest, i64(p.col_groups // groups)), i64(p.rt))
             if p.pack == "item":
                 with for_range(b, i64(0), i64(p.cb), name="pcb") as cb:
                     with for_range(b, i64(0), i64(p.patch_rows), name="prow") as rr:
@@ -309,7 +310,7 @@ class _Tiles:
                     return add(b, mul(b, add(b, mul(b, n, i64(p.cb)), cb), i64(p.hp)), mul(b, ty0, i64(p.m)))
                 src = args[2 + self.n_epi]
             with for_range(b, i64(0), i64(groups), name="grp") as grp:
-                col0 = mul(b, add(b, b.srem(rest, i64(p.col_items // groups)), grp), i64(L))
+                col0 = mul(b, add(b, b.srem(rest, i64(p.col_groups // groups)), grp), i64(L))
                 self._input_transform(first_row, src, col0)
                 with for_range(b, i64(0), i64(p.kb // p.nk), name="kc") as kc:
                     self._gemm(kc)
