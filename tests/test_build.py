@@ -148,6 +148,23 @@ POOLS = [("MaxPool", dict(kernel_shape=[3, 3], strides=[2, 2], pads=[1, 1, 1, 1]
          ("MaxPool", dict(kernel_shape=[3, 4], strides=[2, 3], pads=[1, 1, 1, 2]))]
 
 
+@pytest.mark.parametrize("n", [3, 16, 37])
+def test_softmax_rows_in_vectors_match_the_reference_with_a_tail_and_large_or_negative_rows(tmp_path, host, n):
+    """Contiguous rows run in 16-lane vectors with a masked tail: the tail must not count in the max
+    (an all-negative row) or the sum, and large values must not overflow."""
+    x = _const((3, 4, n), -3, 3)
+    x[0, 0] -= 50.0  # an all-negative row
+    x[0, 1] += 1e4  # exp would overflow without subtracting the max
+    g = _G(x=x)
+    outs = [g.add("Softmax", ["x"], axis=-1), g.add("LogSoftmax", ["x"], axis=2), g.add("Softmax", ["x"], axis=1)]
+    graph = g.graph(outs)
+    build_library(graph, host, tmp_path / "lib")
+    got, want = load(tmp_path / "lib").run(x=x), reference.run(graph, {"x": x})
+    for name in want:
+        assert np.isfinite(got[name]).all(), name
+        np.testing.assert_allclose(got[name], want[name], rtol=1e-5, atol=1e-6, err_msg=name)
+
+
 @pytest.mark.parametrize("op,attrs", POOLS)
 def test_pools_split_over_the_worker_pool_match_the_reference(tmp_path, host, op, attrs):
     """Output rows split over two threads; borders, dilation, ceil mode and pad counting; column strides

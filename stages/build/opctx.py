@@ -96,10 +96,10 @@ class OpCtx:
     def unsupported(self, why: str) -> UnsupportedOp:
         return UnsupportedOp(f"{self.node.op} node {self.node.name!r}: {why}")
 
-    def local(self) -> ir.Value:
-        """A float scalar variable (an entry-block alloca, promoted to a register by LLVM)."""
+    def local(self, ty: ir.Type = F32) -> ir.Value:
+        """A float (or `ty`) variable: an entry-block alloca, promoted to a register by LLVM."""
         assert self._entry is not None
-        return self._entry.alloca(F32)
+        return self._entry.alloca(ty)
 
     def buffer(self, count: int) -> ir.Value:
         """A float array of `count` elements on the stack of the function being emitted."""
