@@ -166,7 +166,8 @@ def _print_profile(rows: list[dict], runs: int) -> None:
         table.add_column(col, justify="right" if col in ("#", "us", "share", "when tuned us") else "left")
     for i, r in sorted(enumerate(rows), key=lambda ir: -ir[1]["median_us"]):
         tuned = f"{r['tuned_us']:.1f}" if r["tuned_us"] is not None else "-"
-        table.add_row(str(i), r["node"], r["op"], r["kind"], f"{r['median_us']:.1f}",
+        op = r["task"].split("(")[0] if r["task"] else r["op"]  # an anchor's implementation, e.g. conv2d_winograd
+        table.add_row(str(i), r["node"], op, r["kind"], f"{r['median_us']:.1f}",
                       f"{r['median_us'] / total:.0%}", tuned)
     out.print(table)
 
