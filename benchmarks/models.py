@@ -78,9 +78,10 @@ def bench_model(name: str, threads: int, budget: int, logs: Path, target: Target
     stats = compare({"default": lambda: default.run(**feeds), "tuned": lambda: tuned.run(**feeds),
                      "onnxruntime": lambda: ort(feeds)}, number=40, rounds=ROUNDS)
     kinds = collections.Counter(op.kind for op in tuned_m.ops)
+    winograd = sum(1 for op in tuned_m.ops if (op.task or "").startswith("conv2d_winograd("))
     return {"model": name, "threads": threads, "budget": budget, "tune_s": tune_s, "new": new_records,
             "tasks": len(tasks),
-            "ms": {k: v["median_ms"] for k, v in stats.items()}, "ok": ok, "kinds": dict(kinds),
+            "ms": {k: v["median_ms"] for k, v in stats.items()}, "ok": ok, "kinds": dict(kinds), "winograd": winograd,
             "tuned_ort": paired_ratio(stats, "tuned", "onnxruntime"),
             "default_tuned": paired_ratio(stats, "default", "tuned"),
             "build_s": default_m.build_s}
@@ -113,6 +114,7 @@ def report(rows: list[dict], counts, failed, skipped, cnn_build_s: float | None,
     for r in rows:
         ms = r["ms"]
         kinds = ", ".join(f"{n} {k}" for k, n in sorted(r["kinds"].items()))
+        kinds += f" ({r['winograd']} by Winograd)" if r["winograd"] else ""
         lines.append(f"| {r['model']} | {r['threads']} | {r['budget']} | {r['new']} | {r['tune_s']:.0f} | "
                      f"{ms['default']:.3f} | "
                      f"{ms['tuned']:.3f} | {ms['onnxruntime']:.3f} | {r['tuned_ort']:.2f}x | "
