@@ -115,7 +115,7 @@ def _softmax_rows(ctx: OpCtx, rows: int, n: int, log: bool) -> None:
         acc = ctx.local(vec(L))
         b.store(ninf, acc)
         chunks(base, lambda at, mask: b.store(
-            _vmax(b, b.load(acc), load(x, at, mask, ninf)), acc))
+            _window_max(b, b.load(acc), load(x, at, mask, ninf)), acc))
         top = _across_lanes(b, "fmax", b.load(acc))
         mx = splat(b, top, L)
         b.store(zero, acc)
@@ -136,10 +136,6 @@ def _softmax_rows(ctx: OpCtx, rows: int, n: int, log: bool) -> None:
         else:
             r = splat(b, b.fdiv(f32(1), total), L)
             chunks(base, lambda at, mask: store_vec(b, b.fmul(load(y, at, mask, zero), r), gep(b, y, at), mask))
-
-
-def _vmax(b: ir.IRBuilder, acc: ir.Value, v: ir.Value) -> ir.Value:
-    return b.select(b.fcmp_ordered(">", acc, v), acc, v)
 
 
 def _across_lanes(b: ir.IRBuilder, kind: str, v: ir.Value) -> ir.Value:

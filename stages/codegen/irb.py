@@ -137,6 +137,22 @@ def prefix_mask(b: ir.IRBuilder, count: ir.Value, lanes: int, first: int = 0) ->
     return b.icmp_signed("<", ir.Constant(ity, [first + lane for lane in range(lanes)]), n)
 
 
+def transpose_square(b: ir.IRBuilder, rows: list[ir.Value]) -> list[ir.Value]:
+    """Square transpose of `len(rows)` vectors of as many lanes, by block swaps of halving size."""
+    n = len(rows)
+    s = n // 2
+    while s >= 1:
+        out = list(rows)
+        for i in (i for i in range(n) if not i & s):
+            lo, hi = rows[i], rows[i + s]
+            keep = [n + c - s if c & s else c for c in range(n)]
+            swap = [n + c if c & s else c + s for c in range(n)]
+            out[i] = b.shuffle_vector(lo, hi, ir.Constant(ir.VectorType(I32, n), keep))
+            out[i + s] = b.shuffle_vector(lo, hi, ir.Constant(ir.VectorType(I32, n), swap))
+        rows, s = out, s // 2
+    return rows
+
+
 def load_vec(b: ir.IRBuilder, ptr: ir.Value, lanes: int, valid: int | ir.Value | None = None) -> ir.Value:
     """`lanes` floats from `ptr`; only the first `valid` are read (masked load, zeros elsewhere).
 

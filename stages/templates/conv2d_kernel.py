@@ -49,6 +49,7 @@ from stages.codegen.irb import (
     smin,
     splat,
     store_vec,
+    transpose_square,
     vec,
 )
 from stages.codegen.parallel import body_args, emit_main, emit_phases, range_body
@@ -795,16 +796,6 @@ class _Micro:
         for o in range(p.mr // p.vw):
             for r in range(p.rh):
                 for j in range(p.nw):
-                    rows = [b.load(self.oacc[o, r, j, q]) for q in range(p.vw)]
-                    size = p.vw // 2
-                    while size:
-                        for i in (i for i in range(p.vw) if not i & size):
-                            lo = [q if not q & size else q - size + p.vw for q in range(p.vw)]
-                            hi = [q + size if not q & size else q + p.vw for q in range(p.vw)]
-                            rows[i], rows[i + size] = (
-                                b.shuffle_vector(rows[i], rows[i + size],
-                                                 ir.Constant(ir.VectorType(ir.IntType(32), p.vw), idx))
-                                for idx in (lo, hi))
-                        size //= 2
+                    rows = transpose_square(b, [b.load(self.oacc[o, r, j, q]) for q in range(p.vw)])
                     for m in range(p.vw):
                         b.store(rows[m], self.acc[o * p.vw + m, r, j])

@@ -40,6 +40,7 @@ from stages.codegen.irb import (
     smin,
     splat,
     store_vec,
+    transpose_square,
     vec,
 )
 from stages.codegen.parallel import body_args, emit_main, emit_phases, range_body
@@ -148,22 +149,6 @@ def build(mod: ir.Module, p: WinoPlan, ops: tuple[EpilogueOp, ...], threads: int
     return emit_phases(mod, [pack, tiles])
 
 
-def transpose(b: ir.IRBuilder, rows: list[ir.Value]) -> list[ir.Value]:
-    """Square transpose of `len(rows)` vectors of as many lanes, by block swaps of halving size."""
-    n = len(rows)
-    s = n // 2
-    while s >= 1:
-        out = list(rows)
-        for i in (i for i in range(n) if not i & s):
-            lo, hi = rows[i], rows[i + s]
-            keep = [n + c - s if c & s else c for c in range(n)]
-            swap = [n + c if c & s else c + s for c in range(n)]
-            out[i] = b.shuffle_vector(lo, hi, ir.Constant(ir.VectorType(I32, n), keep))
-            out[i + s] = b.shuffle_vector(lo, hi, ir.Constant(ir.VectorType(I32, n), swap))
-        rows, s = out, s // 2
-    return rows
-
-
 def lincomb(b: ir.IRBuilder, coeffs: Sequence[float], xs: Sequence[ir.Value]) -> ir.Value:
     """sum(c * x) with constant coefficients: zeros skipped, +-1 as adds and subtracts."""
     acc: ir.Value | None = None
@@ -259,7 +244,7 @@ def _pack_row(b: ir.IRBuilder, p: WinoPlan, x: ir.Value, dst: ir.Value, n: ir.Va
                                         add(b, mul(b, y, i64(g.w)), x0)))
                     ok = b.icmp_signed("<", add(b, c0, i64(i)), i64(g.c))
                     rows.append(b.select(ok, load_vec(b, src, L, _prefix(b, valid, L, ok)), zero))
-                for i, v in enumerate(transpose(b, rows)):
+                for i, v in enumerate(transpose_square(b, rows)):
                     store_vec(b, v, gep(b, dst, mul(b, add(b, i64(g.pl + i), x0), i64(L))))
         with other:
             with for_range(b, i64(0), i64(p.wp), name="z") as xx:
@@ -376,7 +361,7 @@ class _Tiles:
                 row = add(b, mul(b, add(b, ty0, r), i64(p.m)), a)
                 with b.if_then(b.icmp_signed("<", row, i64(g.oh))):
                     ob = gep(b, self.obuf, mul(b, a, i64(L * L)))
-                    cols = transpose(b, [load_vec(b, gep(b, ob, i64(x * L)), L) for x in range(L)])
+                    cols = transpose_square(b, [load_vec(b, gep(b, ob, i64(x * L)), L) for x in range(L)])
                     valid = b.trunc(smin(b, b.sub(i64(g.ow), col0), i64(L)), I32)
                     mask = prefix_mask(b, valid, L)
                     for i in range(L):
