@@ -137,3 +137,37 @@ def test_one_thread_kernels_need_no_c_compiler(tmp_path):
                           cwd=Path(__file__).resolve().parents[1], timeout=120)
     assert proc.returncode == 0, proc.stderr
     assert "refused: no C compiler found (CC=no-such-cc)" in proc.stdout
+
+
+_WORKER_STATE = """
+import os, sys, threading, time
+import numpy as np
+from schemas import Target
+from stages.codegen.jit import LoadedKernel
+sys.path.insert(0, "tests")
+from test_parallel_runtime import EXTENT, _count_kernel
+kernel = LoadedKernel(_count_kernel(2), Target.host())
+kernel.time([np.zeros(EXTENT, np.float32)], 10)
+time.sleep(0.2)
+me = threading.get_native_id()
+states = []
+for tid in os.listdir("/proc/self/task"):
+    if int(tid) != me:
+        with open(f"/proc/self/task/{tid}/stat") as f:
+            states.append(f.read().rsplit(")", 1)[1].split()[0])
+print("".join(sorted(states)))
+"""
+
+
+@pytest.mark.parametrize("spin_us, spinning", [("1000000", True), ("0", False), ("junk", False), (None, False)])
+def test_workers_spin_for_tunaflow_spin_us_then_sleep(spin_us, spinning):
+    """0.2 s after a loop a worker told to spin 1 s is still running; one told 0, or left at the
+    2 ms default (also for a value that is not a number), sleeps."""
+    env = {k: v for k, v in os.environ.items() if k != "TUNAFLOW_SPIN_US"}
+    if spin_us is not None:
+        env["TUNAFLOW_SPIN_US"] = spin_us
+    proc = subprocess.run([sys.executable, "-c", _WORKER_STATE], capture_output=True, text=True, env=env,
+                          cwd=Path(__file__).resolve().parents[1], timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    states = proc.stdout.split()[-1]
+    assert ("R" in states) == spinning, states

@@ -8,6 +8,7 @@ The shared library is cached per source hash, so only the first process on a mac
 
 from __future__ import annotations
 
+import ctypes
 import functools
 import hashlib
 import os
@@ -62,7 +63,13 @@ def shared_library() -> Path:
 
 @functools.cache
 def load() -> Path:
-    """Make the runtime's symbols visible to JIT-loaded kernels in this process (once)."""
+    """Make the runtime's symbols visible to JIT-loaded kernels in this process (once).
+
+    Opened with RTLD_NODELETE first: LLVM closes the libraries it loaded when the process exits,
+    and a worker still spinning then (for TUNAFLOW_SPIN_US after its last loop) would run code
+    that is no longer mapped; the process died of SIGSEGV on its way out.
+    """
     path = shared_library()
+    ctypes.CDLL(str(path), mode=os.RTLD_NOW | os.RTLD_GLOBAL | os.RTLD_NODELETE)
     llvm.load_library_permanently(str(path))
     return path

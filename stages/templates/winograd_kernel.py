@@ -207,13 +207,17 @@ OUTPUT_1D: dict[int, Transform1D] = {2: _by_rows(AT[2]), 4: _at4}
 
 
 def _emit_pack(mod: ir.Module, p: WinoPlan, ws_slot: int) -> ir.Function:
-    """Rows [begin, end) of the (n, cb, padded row) grid of the packed image (`pack=phase`)."""
+    """Rows [begin, end) of the (n, padded row, cb) grid of the packed image (`pack=phase`), stored as
+    `[n][cb][row]`. Rows outermost, as the tiles' items: a thread packs about the rows its items
+    then read, from the rows of X a row-split layer before wrote on that thread, so the image
+    stays in that core's cache (split by channel blocks, half of it crossed cores twice a call)."""
     fn, b = range_body(mod, "tf_wpack_rows")
     args = body_args(b, fn, ws_slot + 1)
     with for_range(b, fn.args[1], fn.args[2], name="row") as item:
-        nc, yy = b.sdiv(item, i64(p.hp)), b.srem(item, i64(p.hp))
-        n, cb = b.sdiv(nc, i64(p.cb)), b.srem(nc, i64(p.cb))
-        _pack_row(b, p, args[0], gep(b, args[ws_slot], mul(b, item, i64(p.wp * p.lanes))), n, cb,
+        ny, cb = b.sdiv(item, i64(p.cb)), b.srem(item, i64(p.cb))
+        n, yy = b.sdiv(ny, i64(p.hp)), b.srem(ny, i64(p.hp))
+        row = add(b, mul(b, add(b, mul(b, n, i64(p.cb)), cb), i64(p.hp)), yy)
+        _pack_row(b, p, args[0], gep(b, args[ws_slot], mul(b, row, i64(p.wp * p.lanes))), n, cb,
                   b.sub(yy, i64(p.g.pt)))
     b.ret_void()
     return fn
