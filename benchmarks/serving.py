@@ -52,18 +52,17 @@ def libraries(logs: Path, work: Path) -> dict[str, Callable[[], object]]:
         build_library(graph, target, work / f"t{threads}", threads, log if log.exists() else None)
         built[threads] = log.exists()
     shutil.copytree(work / "t2", work / "t2-short")
+    loaded = [(name, load(work / path), spin) for name, path, spin in (
+        (REFERENCE, "t2", "2000"), ("tunaflow 2T, spin 0.2 ms", "t2-short", "200"), ("tunaflow 1T", "t1", None))]
+    feeds = random_feeds(loaded[0][1])  # one input for every contender: the builds share the model's inputs
     models = {}
-    for name, path, spin in ((REFERENCE, "t2", "2000"), ("tunaflow 2T, spin 0.2 ms", "t2-short", "200"),
-                             ("tunaflow 1T", "t1", None)):
-        model = load(work / path)
-        feeds = random_feeds(model)
+    for name, model, spin in loaded:
         if spin is not None:
             os.environ["TUNAFLOW_SPIN_US"] = spin
         model.run(**feeds)  # starts this library's workers, which read the setting now
-        models[name] = (lambda m=model, f=feeds: m.run(**f))
+        models[name] = (lambda m=model: m.run(**feeds))
     os.environ.pop("TUNAFLOW_SPIN_US", None)
     ort = onnxruntime_runner(MODEL, 2)
-    feeds = random_feeds(load(work / "t2"))
     models["onnxruntime 2T"] = lambda: ort(feeds)
     print(f"tuned from logs: {built}", flush=True)
     return models
