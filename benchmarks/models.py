@@ -3,7 +3,7 @@
 Per model and thread count: tune every task under the stated global trial budget (gradient task
 scheduler, lgbm tuner; logs kept in --logs so a rerun resumes), build the tuned library and the
 default-schedule library, check both against onnxruntime (rtol 1e-3), then time the three
-interleaved (15 rounds x 40 calls each; ratios are medians of per-round ratios) in this process,
+interleaved (30 rounds x 40 calls each; ratios are medians of per-round ratios) in this process,
 which never ran the tuner.
 Also: the CNN's build time without tuning, and the ONNX backend conformance counts. Writes the
 `models` section of benchmarks/RESULTS.md.
@@ -39,13 +39,19 @@ from stages.graph.passes import optimize  # noqa: E402
 from stages.graph.tasks import extract_tasks  # noqa: E402
 from stages.log import TuningLog  # noqa: E402
 from stages.runtime import load  # noqa: E402
-from stages.runtime.compare import compare, onnxruntime_runner, paired_ratio, random_feeds  # noqa: E402
+from stages.runtime.compare import (  # noqa: E402
+    compare,
+    onnxruntime_runner,
+    paired_ratio,
+    random_feeds,
+    ratio_quartiles,
+)
 
 MODELS = ROOT / "data" / "models"
 # About 80 trials per task: the CNN's 10 tasks tune in ~2.5 min per thread count here. At 20 per task
 # (the budgets before) the CNN measured 1.02-1.03x onnxruntime at 1 thread, at 80 per task 0.96x.
 BUDGET = {"cnn": 960, "mlp": 240, "transformer": 600}  # cnn: 10 tasks and 5 Winograd twins
-ROUNDS = 15
+ROUNDS = 30  # 15 rounds left the 2-thread ratios moving by 0.1 between runs of the same libraries
 
 
 def bench_model(name: str, threads: int, budget: int, logs: Path, target: Target) -> dict:
@@ -84,6 +90,8 @@ def bench_model(name: str, threads: int, budget: int, logs: Path, target: Target
             "ms": {k: v["median_ms"] for k, v in stats.items()}, "ok": ok, "kinds": dict(kinds), "winograd": winograd,
             "tuned_ort": paired_ratio(stats, "tuned", "onnxruntime"),
             "default_tuned": paired_ratio(stats, "default", "tuned"),
+            "quartiles": {"tuned_ort": ratio_quartiles(stats, "tuned", "onnxruntime"),
+                          "default_tuned": ratio_quartiles(stats, "default", "tuned")},
             "build_s": default_m.build_s}
 
 
@@ -107,7 +115,7 @@ def report(rows: list[dict], counts, failed, skipped, cnn_build_s: float | None,
              "8); a resumed log (`--logs`) tunes only what its budget still allows, so `tune s` counts this run's "
              f"new records only. Latency: median of {ROUNDS * 40} calls, the three contenders interleaved in {ROUNDS} "
              "rounds of 40 calls; ratios are medians of the per-round ratios (each round's contenders share the "
-             "machine's drift); inputs batch 1.", "",
+             "machine's drift), their quartiles in brackets; inputs batch 1.", "",
              "| model | threads | trials | records new this run | tune s | default ms | tuned ms | onnxruntime ms | "
              "tuned/ort | default/tuned | matches ort | kernels |",
              "|---|---|---|---|---|---|---|---|---|---|---|---|"]
@@ -117,8 +125,8 @@ def report(rows: list[dict], counts, failed, skipped, cnn_build_s: float | None,
         kinds += f" ({r['winograd']} by Winograd)" if r["winograd"] else ""
         lines.append(f"| {r['model']} | {r['threads']} | {r['budget']} | {r['new']} | {r['tune_s']:.0f} | "
                      f"{ms['default']:.3f} | "
-                     f"{ms['tuned']:.3f} | {ms['onnxruntime']:.3f} | {r['tuned_ort']:.2f}x | "
-                     f"{r['default_tuned']:.2f}x | {'yes' if r['ok'] else 'NO'} | {kinds} |")
+                     f"{ms['tuned']:.3f} | {ms['onnxruntime']:.3f} | {_ratio(r, 'tuned_ort')} | "
+                     f"{_ratio(r, 'default_tuned')} | {'yes' if r['ok'] else 'NO'} | {kinds} |")
     lines += ["", "Goals: tuned <= 1.0x onnxruntime on the CNN and the transformer block; tuned >= 1.5x faster than "
               "the default-schedule build. `generic` kernels are anchors no template serves yet (run-time weights, "
               "or no template for the op): correct, untuned.", ""]
@@ -137,6 +145,11 @@ def report(rows: list[dict], counts, failed, skipped, cnn_build_s: float | None,
         lines.append("- not imported:")
         lines += [f"  - {why}: {', '.join(names)}" for why, names in sorted(by_reason.items())]
     return "\n".join(lines)
+
+
+def _ratio(row: dict, key: str) -> str:
+    lo, hi = row["quartiles"][key]
+    return f"{row[key]:.2f}x [{lo:.2f}-{hi:.2f}]"
 
 
 def _reason(why: str) -> str:

@@ -127,7 +127,7 @@ def test_bundled_models_match_onnxruntime(name, threads, tmp_path):
 
 
 def test_compare_keeps_each_rounds_median_and_ratios_pair_rounds():
-    from stages.runtime.compare import compare, paired_ratio
+    from stages.runtime.compare import compare, paired_ratio, ratio_quartiles
 
     calls = {"a": 0, "b": 0}
 
@@ -139,6 +139,8 @@ def test_compare_keeps_each_rounds_median_and_ratios_pair_rounds():
     # A machine twice as slow in the last round: the per-round ratio is still 2.
     drift = {"a": {"round_ms": [2.0, 2.0, 4.0]}, "b": {"round_ms": [1.0, 1.0, 2.0]}}
     assert paired_ratio(drift, "a", "b") == 2.0 and paired_ratio(drift, "b", "a") == 0.5
+    spread = {"a": {"round_ms": [1.0, 2.0, 3.0, 4.0, 5.0]}, "b": {"round_ms": [1.0] * 5}}
+    assert ratio_quartiles(spread, "a", "b") == (2.0, 4.0)
 
 
 @pytest.mark.parametrize("attrs,x_shape,w_shape,out_hw", [

@@ -59,7 +59,18 @@ def compare(contenders: dict[str, Callable[[], object]], number: int = 20, round
 def paired_ratio(stats: dict[str, dict], a: str, b: str) -> float:
     """Median over rounds of a's latency / b's in the same round: the machine's speed drifts by more
     than the gaps measured here (whole runs 10-15% apart), and a round's contenders share its drift."""
-    return float(np.median(np.array(stats[a]["round_ms"]) / np.array(stats[b]["round_ms"])))
+    return float(np.median(_round_ratios(stats, a, b)))
+
+
+def ratio_quartiles(stats: dict[str, dict], a: str, b: str) -> tuple[float, float]:
+    """The middle half of the per-round ratios `paired_ratio` takes the median of: how far one round
+    could mislead (on this VM a 2-thread turn may start with the second vCPU elsewhere for a while)."""
+    lo, hi = np.percentile(_round_ratios(stats, a, b), [25, 75])
+    return float(lo), float(hi)
+
+
+def _round_ratios(stats: dict[str, dict], a: str, b: str) -> np.ndarray:
+    return np.array(stats[a]["round_ms"]) / np.array(stats[b]["round_ms"])
 
 
 def max_rel_error(got: np.ndarray, want: np.ndarray) -> float:
