@@ -28,6 +28,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from benchmarks.peak import fp32_peak_gflops  # noqa: E402
 from benchmarks.results import replace_section  # noqa: E402
 from schemas import MeasureOptions, Target, TuningOptions  # noqa: E402
 from stages.build.conformance import check_case  # noqa: E402
@@ -54,10 +55,23 @@ BUDGET = {"cnn": 1600, "mlp": 240, "transformer": 600}  # cnn: 10 tasks and 5 Wi
 ROUNDS = 30  # 15 rounds left the 2-thread ratios moving by 0.1 between runs of the same libraries
 
 
-def bench_model(name: str, threads: int, budget: int, logs: Path, target: Target) -> dict:
+def peak_bound(model, feeds: dict[str, np.ndarray], flops: dict[str, int], peak_gflops: float) -> float:
+    """The most a build of the same kernels could gain over `model`: its anchors at the FP32 peak, every
+    other op as fast as it is. Only an algorithm doing fewer FLOPs (Winograd) can exceed it."""
+    runs = [model.profile(200, **feeds) for _ in range(5)]
+    seconds = np.median(np.array([[s for _, s in run] for run in runs]), axis=0)
+    nodes = [op.node for op, _ in runs[0]]
+    anchors = sum(s for node, s in zip(nodes, seconds, strict=True) if node in flops)
+    at_peak = sum(flops[node] for node in nodes if node in flops) / (peak_gflops * 1e9)
+    return float(seconds.sum() / (seconds.sum() - anchors + at_peak))
+
+
+def bench_model(name: str, threads: int, budget: int, logs: Path, target: Target, peak_gflops: float) -> dict:
     path = MODELS / f"{name}.onnx"
     graph = optimize(load_model(path))
-    tasks = [t for t in extract_tasks(graph) if tunable([t.task])[0]]
+    extracted = extract_tasks(graph)
+    tasks = [t for t in extracted if tunable([t.task])[0]]
+    flops = {node: t.task.flops for t in extracted if t.alternative_to is None for node in t.nodes}
     log = logs / f"{name}-t{threads}"
     options = TuningOptions(n_trials=budget, batch_size=8, tuner="lgbm", measure=MeasureOptions(threads=threads))
     before = len(TuningLog(log).records()) if log.exists() else 0
@@ -83,6 +97,7 @@ def bench_model(name: str, threads: int, budget: int, logs: Path, target: Target
              for got, w in zip(m.run(**feeds).values(), want, strict=True))
     stats = compare({"default": lambda: default.run(**feeds), "tuned": lambda: tuned.run(**feeds),
                      "onnxruntime": lambda: ort(feeds)}, number=40, rounds=ROUNDS)
+    bound = peak_bound(default, feeds, flops, peak_gflops)
     kinds = collections.Counter(op.kind for op in tuned_m.ops)
     winograd = sum(1 for op in tuned_m.ops if (op.task or "").startswith("conv2d_winograd("))
     return {"model": name, "threads": threads, "budget": budget, "tune_s": tune_s, "new": new_records,
@@ -92,7 +107,7 @@ def bench_model(name: str, threads: int, budget: int, logs: Path, target: Target
             "default_tuned": paired_ratio(stats, "default", "tuned"),
             "quartiles": {"tuned_ort": ratio_quartiles(stats, "tuned", "onnxruntime"),
                           "default_tuned": ratio_quartiles(stats, "default", "tuned")},
-            "build_s": default_m.build_s}
+            "build_s": default_m.build_s, "bound": bound, "peak": peak_gflops}
 
 
 def conformance(target: Target) -> tuple[collections.Counter, list[str], dict[str, str]]:
@@ -117,8 +132,8 @@ def report(rows: list[dict], counts, failed, skipped, cnn_build_s: float | None,
              "rounds of 40 calls; ratios are medians of the per-round ratios (each round's contenders share the "
              "machine's drift), their quartiles in brackets; inputs batch 1.", "",
              "| model | threads | trials | records new this run | tune s | default ms | tuned ms | onnxruntime ms | "
-             "tuned/ort | default/tuned | matches ort | kernels |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+             "tuned/ort | default/tuned | bound at peak | matches ort | kernels |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         ms = r["ms"]
         kinds = ", ".join(f"{n} {k}" for k, n in sorted(r["kinds"].items()))
@@ -126,10 +141,15 @@ def report(rows: list[dict], counts, failed, skipped, cnn_build_s: float | None,
         lines.append(f"| {r['model']} | {r['threads']} | {r['budget']} | {r['new']} | {r['tune_s']:.0f} | "
                      f"{ms['default']:.3f} | "
                      f"{ms['tuned']:.3f} | {ms['onnxruntime']:.3f} | {_ratio(r, 'tuned_ort')} | "
-                     f"{_ratio(r, 'default_tuned')} | {'yes' if r['ok'] else 'NO'} | {kinds} |")
+                     f"{_ratio(r, 'default_tuned')} | {r['bound']:.2f}x | {'yes' if r['ok'] else 'NO'} | {kinds} |")
+    peaks = ", ".join(f"{t} thread(s) {p:.0f} GFLOPS" for t, p in sorted({(r["threads"], r["peak"]) for r in rows}))
     lines += ["", "Goals: tuned <= 1.0x onnxruntime on the CNN and the transformer block; tuned >= 1.5x faster than "
               "the default-schedule build. `generic` kernels are anchors no template serves yet (run-time weights, "
-              "or no template for the op): correct, untuned.", ""]
+              "or no template for the op): correct, untuned.", "",
+              "`bound at peak`: the largest default/tuned any schedule of the same algorithms could reach: the "
+              "default build's per-op profile with every anchor at this CPU's FP32 peak (measured in this run by "
+              f"`benchmarks/peak.py`: {peaks}) and every other op unchanged. Only fewer FLOPs (the CNN's Winograd "
+              "convs) can go past it.", ""]
     if cnn_build_s is not None:
         lines.append(f"CNN build time without tuning (import excluded): {cnn_build_s:.1f} s (goal < 60 s).")
         lines.append("")
@@ -169,9 +189,11 @@ def main() -> None:
     args = ap.parse_args()
     target = Target.host()
     rows = []
+    thread_counts = [int(t) for t in args.threads.split(",")]
+    peaks = {t: fp32_peak_gflops(target, t) for t in thread_counts}
     for name in args.models.split(","):
-        for threads in (int(t) for t in args.threads.split(",")):
-            row = bench_model(name, threads, int(BUDGET[name] * args.scale), args.logs, target)
+        for threads in thread_counts:
+            row = bench_model(name, threads, int(BUDGET[name] * args.scale), args.logs, target, peaks[threads])
             print(row, flush=True)
             rows.append(row)
     cnn_build = next((r["build_s"] for r in rows if r["model"] == "cnn"), None)
