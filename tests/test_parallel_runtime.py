@@ -4,6 +4,7 @@ from concurrent callers, and in a forked child."""
 from __future__ import annotations
 
 import ctypes
+import json
 import multiprocessing as mp
 import os
 import subprocess
@@ -171,3 +172,39 @@ def test_workers_spin_for_tunaflow_spin_us_then_sleep(spin_us, spinning):
     assert proc.returncode == 0, proc.stderr
     states = proc.stdout.split()[-1]
     assert ("R" in states) == spinning, states
+
+
+_WORKER_CPUS = """
+import json, os, sys
+import numpy as np
+from schemas import Target
+from stages.codegen.jit import LoadedKernel
+sys.path.insert(0, "tests")
+from test_parallel_runtime import EXTENT, _count_kernel
+if len(sys.argv) > 1:
+    os.sched_setaffinity(0, {min(os.sched_getaffinity(0))})
+kernel = LoadedKernel(_count_kernel(2), Target.host())
+kernel.time([np.zeros(EXTENT, np.float32)], 10)
+for tid in os.listdir("/proc/self/task"):
+    with open(f"/proc/self/task/{tid}/comm") as f:
+        if f.read().strip() == "tunaflow-w1":
+            print(json.dumps([sorted(os.sched_getaffinity(int(tid))), sorted(os.sched_getaffinity(0))]))
+"""
+
+
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="pinning needs two allowed CPUs")
+@pytest.mark.parametrize("pin, one_cpu", [(None, False), ("0", False), (None, True)])
+def test_workers_are_named_and_pinned_to_a_cpu_of_their_own(pin, one_cpu):
+    """The worker runs on one allowed CPU by default; with TUNAFLOW_PIN=0, or when the process may
+    use only one CPU, it keeps the process's CPUs."""
+    env = {k: v for k, v in os.environ.items() if k != "TUNAFLOW_PIN"}
+    if pin is not None:
+        env["TUNAFLOW_PIN"] = pin
+    proc = subprocess.run([sys.executable, "-c", _WORKER_CPUS, *(["one"] if one_cpu else [])], capture_output=True,
+                          text=True, env=env, cwd=Path(__file__).resolve().parents[1], timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    worker, process = json.loads(proc.stdout.splitlines()[-1])
+    if pin is None and not one_cpu:
+        assert len(worker) == 1 and worker[0] in process and len(process) >= 2
+    else:
+        assert worker == process
