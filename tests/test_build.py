@@ -165,6 +165,22 @@ def test_softmax_rows_in_vectors_match_the_reference_with_a_tail_and_large_or_ne
         np.testing.assert_allclose(got[name], want[name], rtol=1e-5, atol=1e-6, err_msg=name)
 
 
+@pytest.mark.parametrize("shape", [(2, 3, 5, 5), (1, 64, 8, 8), (2, 3, 37)])
+def test_trailing_axis_sums_match_the_reference_with_vector_tails(tmp_path, host, shape):
+    """GlobalAveragePool and ReduceMean/ReduceSum over the trailing axes: rows of 25, 64 and 37 floats
+    (16-lane vectors, masked tails); a reduction over a leading axis keeps the element-wise path."""
+    g = _G(x=_const(shape, -3, 3))
+    outs = [g.add("ReduceMean", ["x"], axes=[-1]), g.add("ReduceSum", ["x"], axes=[1, 2], keepdims=0),
+            g.add("ReduceSum", ["x"], axes=[0])]
+    if len(shape) == 4:
+        outs.append(g.add("GlobalAveragePool", ["x"]))
+    graph = g.graph(outs)
+    build_library(graph, host, tmp_path / "lib")
+    got, want = load(tmp_path / "lib").run(x=g.env["x"]), reference.run(graph, {"x": g.env["x"]})
+    for name in want:
+        np.testing.assert_allclose(got[name], want[name], rtol=1e-5, atol=1e-5, err_msg=name)
+
+
 @pytest.mark.parametrize("op,attrs", POOLS)
 def test_pools_split_over_the_worker_pool_match_the_reference(tmp_path, host, op, attrs):
     """Output rows split over two threads; borders, dilation, ceil mode and pad counting; column strides

@@ -60,6 +60,10 @@ def reduce_axes(ctx: OpCtx, kind: str, axes: list[int]) -> None:
     axes = sorted({a + len(shape) if a < 0 else a for a in axes})
     kept = tuple(1 if d in axes else s for d, s in enumerate(shape))
     n_out = math.prod(kept)
+    if kind in ("sum", "mean") and axes == list(range(len(shape) - len(axes), len(shape))):
+        n = math.prod(shape) // n_out  # the trailing axes: each output sums one contiguous row
+        _sum_rows(ctx, n_out, n, 1 / n if kind == "mean" else 1)
+        return
     out, flat = ctx.out(), Operand(ctx.out(), (1,))
     emit_map(ctx.b, (n_out,), flat, [], lambda b, v: f32(_INIT[kind]))
     acc = Operand(out, broadcast_strides(kept, shape))
@@ -88,7 +92,35 @@ def _rows(ctx: OpCtx, axis: int, last: bool) -> tuple[int, int, int]:
     return math.prod(shape[:axis]), shape[axis], math.prod(shape[axis + 1:])
 
 
-ROW_LANES = 16  # softmax's vectors along a contiguous row (split by LLVM on narrower targets)
+ROW_LANES = 16  # vectors along a contiguous row (split by LLVM on narrower targets)
+
+
+def _row_chunks(b: ir.IRBuilder, n: int, base: ir.Value, body: Callable[[ir.Value, ir.Value | None], None]) -> None:
+    """`body(offset, mask)` over a row of `n` floats at `base`: its whole vectors (mask None), then its tail."""
+    full, tail = divmod(n, ROW_LANES)
+    with for_range(b, i64(0), i64(full), name="v") as c:
+        body(add(b, base, mul(b, c, i64(ROW_LANES))), None)
+    if tail:
+        body(add(b, base, i64(full * ROW_LANES)), lane_mask(ROW_LANES, tail))
+
+
+def _row_load(b: ir.IRBuilder, ptr: ir.Value, at: ir.Value, mask: ir.Value | None, fill: ir.Value) -> ir.Value:
+    v = load_vec(b, gep(b, ptr, at), ROW_LANES, mask)
+    return v if mask is None else b.select(mask, v, fill)
+
+
+def _sum_rows(ctx: OpCtx, rows: int, n: int, scale: float) -> None:
+    """out[r] = scale * the sum of row r's `n` contiguous floats: vector partial sums, then one sum across
+    lanes. GlobalAveragePool of the CNN's 64x8x8: 2.0 us accumulating element by element into out."""
+    b, x, y = ctx.b, ctx.inp(), ctx.out()
+    zero = fconst(vec(ROW_LANES), 0.0)
+    acc = ctx.local(vec(ROW_LANES))
+    with for_range(b, i64(0), i64(rows), name="row") as r:
+        b.store(zero, acc)
+        _row_chunks(b, n, mul(b, r, i64(n)), lambda at, mask: b.store(
+            b.fadd(b.load(acc), _row_load(b, x, at, mask, zero)), acc))
+        total = _across_lanes(b, "fadd", b.load(acc))
+        _store(b, total if scale == 1 else b.fmul(total, f32(scale)), y, r)
 
 
 def _softmax_rows(ctx: OpCtx, rows: int, n: int, log: bool) -> None:
@@ -96,19 +128,13 @@ def _softmax_rows(ctx: OpCtx, rows: int, n: int, log: bool) -> None:
     exp(x - max) and its sum, then the scale (or `(x - max) - log(sum)`). The transformer's 4x64 rows
     of 64: 10.4 us, where the scalar loops below (kept for rows strided by `inner`) took 28."""
     b, x, y, L = ctx.b, ctx.inp(), ctx.out(), ROW_LANES
-    full, tail = divmod(n, L)
     ninf, zero = fconst(vec(L), -math.inf), fconst(vec(L), 0.0)
 
     def chunks(base: ir.Value, body: Callable[[ir.Value, ir.Value | None], None]) -> None:
-        """`body(offset, mask)` over the row's whole vectors (mask None), then its tail."""
-        with for_range(b, i64(0), i64(full), name="v") as c:
-            body(add(b, base, mul(b, c, i64(L))), None)
-        if tail:
-            body(add(b, base, i64(full * L)), lane_mask(L, tail))
+        _row_chunks(b, n, base, body)
 
     def load(ptr: ir.Value, at: ir.Value, mask: ir.Value | None, fill: ir.Value) -> ir.Value:
-        v = load_vec(b, gep(b, ptr, at), L, mask)
-        return v if mask is None else b.select(mask, v, fill)
+        return _row_load(b, ptr, at, mask, fill)
 
     with for_range(b, i64(0), i64(rows), name="row") as o:
         base = mul(b, o, i64(n))
