@@ -1,6 +1,7 @@
 """Loading and calling a built library: real ONNX in, onnxruntime as the judge, and every refusal."""
 
 import json
+import time
 
 import numpy as np
 import onnx
@@ -127,7 +128,7 @@ def test_bundled_models_match_onnxruntime(name, threads, tmp_path):
 
 
 def test_compare_keeps_each_rounds_median_and_ratios_pair_rounds():
-    from stages.runtime.compare import compare, paired_ratio, ratio_quartiles
+    from stages.runtime.compare import LOAD_WARMUP_S, compare, paired_ratio, ratio_quartiles
 
     calls = {"a": 0, "b": 0}
 
@@ -136,6 +137,11 @@ def test_compare_keeps_each_rounds_median_and_ratios_pair_rounds():
 
     stats = compare({"a": lambda: call("a"), "b": lambda: call("b")}, number=4, rounds=3, warmup=1)
     assert calls == {"a": 15, "b": 15} and all(len(s["round_ms"]) == 3 and s["calls"] == 12 for s in stats.values())
+    # Under load each turn warms up for LOAD_WARMUP_S (at least `warmup` calls) instead of waiting idle.
+    calls.update(a=0, b=0)
+    slow = {"a": lambda: (call("a"), time.sleep(0.001)), "b": lambda: call("b")}
+    stats = compare(slow, number=4, rounds=2, warmup=1, idle_between=False)
+    assert 2 * (4 + 1) < calls["a"] <= 2 * (4 + 1000 * LOAD_WARMUP_S + 1) and calls["b"] > 100
     # A machine twice as slow in the last round: the per-round ratio is still 2.
     drift = {"a": {"round_ms": [2.0, 2.0, 4.0]}, "b": {"round_ms": [1.0, 1.0, 2.0]}}
     assert paired_ratio(drift, "a", "b") == 2.0 and paired_ratio(drift, "b", "a") == 0.5

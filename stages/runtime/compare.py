@@ -1,9 +1,15 @@
 """Latency of built libraries next to onnxruntime on the same inputs, measured interleaved.
 
 This machine is noisy, so the contenders take turns (`rounds` rounds of `number` calls each, the
-starting contender rotating) and each reports the median and p90 of all its calls. Before each
-turn the other threads of the process (onnxruntime's, OpenBLAS's, our pool's) are let go quiet
-and the contender runs a few untimed calls, so no turn pays for the previous one's spinning.
+starting contender rotating) and each reports the median and p90 of all its calls. Two regimes:
+- after an idle pause (`idle_between`, the default): before each turn the other threads of the
+  process (onnxruntime's, OpenBLAS's, our pool's) are let go quiet, then a few untimed calls;
+- under load: turns back to back, each starting with `LOAD_WARMUP_S` of untimed calls, longer than
+  the previous contender's threads spin, so the machine never idles.
+Either way no turn pays for the previous one's spinning. On this VM they differ: after each idle
+pause 2-thread calls settle at one of several speeds and keep it while the machine stays busy (the
+host's placement of the vCPUs, by all signs; the same 2-thread CNN's turns at 0.13 to 0.21 ms
+after pauses, 0.15 back to back).
 """
 
 from __future__ import annotations
@@ -33,18 +39,26 @@ def random_feeds(model: Model, seed: int = 0) -> dict[str, np.ndarray]:
     return {i.name: rng.standard_normal(i.shape).astype(i.dtype) for i in model.inputs}
 
 
+LOAD_WARMUP_S = 0.01  # our workers spin 2 ms after a call; onnxruntime's a shorter while
+
+
 def compare(contenders: dict[str, Callable[[], object]], number: int = 20, rounds: int = 5,
-            warmup: int = 3) -> dict[str, dict]:
+            warmup: int = 3, idle_between: bool = True) -> dict[str, dict]:
     """Latency stats (ms) per contender over all its calls, plus `round_ms`: its median in each round
-    (see `paired_ratio`); each callable runs the model once."""
+    (see `paired_ratio`); each callable runs the model once. `warmup` untimed calls start each turn,
+    under load (`idle_between=False`) as many more as `LOAD_WARMUP_S` takes."""
     times: dict[str, list[list[float]]] = {name: [] for name in contenders}
     names = list(contenders)
     for r in range(rounds):
         for name in names[r % len(names):] + names[:r % len(names)]:
             fn = contenders[name]
-            settle()
-            for _ in range(warmup):
+            if idle_between:
+                settle()
+            start = time.perf_counter()
+            calls = 0
+            while calls < warmup or (not idle_between and time.perf_counter() - start < LOAD_WARMUP_S):
                 fn()
+                calls += 1
             turn = []
             for _ in range(number):
                 t0 = time.perf_counter()
