@@ -201,6 +201,15 @@ def _mm_graph(m=16, n=24, k=32):
     return g.graph([g.add("Relu", [y])]), {"x": g.env["x"]}
 
 
+def test_library_kernels_leave_out_the_tuners_timing_harness(tmp_path, host):
+    graph, feeds = _mm_graph()
+    build_library(graph, host, tmp_path / "lib")
+    so = (tmp_path / "lib" / "model.so").read_bytes()
+    assert b"tf_op0_main" in so and b"bench" not in so
+    np.testing.assert_allclose(load(tmp_path / "lib").run(**feeds)[graph.outputs[0].name],
+                               np.maximum(feeds["x"] @ graph.constants["w"], 0), rtol=1e-5)
+
+
 def test_apply_best_takes_the_fastest_accepted_record_and_says_who_fell_back(tmp_path, host):
     graph, feeds = _mm_graph()
     task = graph.nodes[0].task
