@@ -71,6 +71,32 @@ def test_gradient_allocation_beats_round_robin_on_unequal_tasks():
     assert gr[1].trials > rr[1].trials
 
 
+def test_a_member_far_slower_than_its_alternative_stops_getting_batches():
+    """Tasks 0 and 1 implement one op (1 is twice as fast, like a Winograd twin); 2 is another op.
+    Soon the slow member gets nothing more: the model would not run it."""
+    def tasks():
+        return [curve_step(2.0, 1.9, 0.05), curve_step(1.0, 0.5, 0.02), curve_step(1.0, 0.5, 0.02)]
+
+    grouped, _ = allocate(GradientScheduler(seed=0, epsilon=0.0), tasks(), [1, 1, 1], budget=160, batch_size=8,
+                          groups=[0, 0, 2])
+    alone, _ = allocate(GradientScheduler(seed=0, epsilon=0.0), tasks(), [1, 1, 1], budget=160, batch_size=8)
+    # Two batches while its optimistic guess (latency falling like 1/trials) still reaches its twin.
+    assert grouped[0].trials == 16 < alone[0].trials
+    assert weighted_latency(grouped) == pytest.approx(grouped[1].best + grouped[2].best)
+    assert grouped[1].best + grouped[2].best < alone[1].best + alone[2].best
+
+
+def test_tune_tasks_groups_a_conv_with_its_winograd_twin():
+    from schemas.task import parse_epilogue
+    from stages.build.tune_all import alternative_groups
+    from stages.templates import conv2d_winograd
+    from stages.templates.conv2d_shape import conv2d_task
+
+    conv = conv2d_task((1, 16, 8, 8), (16, 16, 3, 3), (1, 1), (1, 1, 1, 1), (1, 1), 1, parse_epilogue("bias"))
+    strided = conv2d_task((1, 16, 8, 8), (16, 16, 3, 3), (2, 2), (1, 1, 1, 1), (1, 1), 1, parse_epilogue("bias"))
+    assert alternative_groups([strided, conv, conv2d_winograd.twin(conv)]) == [0, 1, 1]
+
+
 def test_a_task_new_to_a_resumed_log_gets_its_default_before_the_older_tasks_go_on(tmp_path):
     """A twin added after its sibling was tuned (or whose template version changed) must be measured
     at least once, or the build cannot compare the two."""

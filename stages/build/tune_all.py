@@ -1,7 +1,9 @@
 """Tune every task of a model before its build, under one global trial budget.
 
 The task scheduler (`stages/schedule`, gradient-based by default, as in Ansor) picks which task
-gets the next batch, weighting each task by how often it occurs in the model. A task's first
+gets the next batch, weighting each task by how often it occurs in the model and treating a task
+and its alternative implementations (`stages.templates.alternatives`) as one op, of which the build
+runs the fastest. A task's first
 trial is its template's default schedule, so apply-best never picks a schedule measured slower;
 every task without trials gets that one before the scheduler starts. One builder and one runner
 serve every task. The budget counts the trials already in the log for these tasks,
@@ -26,7 +28,7 @@ from stages.measure.builder import Builder
 from stages.measure.factory import make_runner
 from stages.schedule.driver import allocate
 from stages.schedule.scheduler import SCHEDULERS
-from stages.templates import TEMPLATES
+from stages.templates import TEMPLATES, alternatives
 from stages.tune.session import Observer, SessionSummary, TuningSession, remeasure_top
 
 
@@ -45,6 +47,17 @@ class RoundSteps:
 def tunable(tasks: list[TuningTask]) -> list[bool]:
     """Which tasks a template can tune (the others build with the generic kernel)."""
     return [t.op in TEMPLATES for t in tasks]
+
+
+def alternative_groups(tasks: list[TuningTask]) -> list[int]:
+    """For each task, the index of the task it is an implementation of (its own for an op's task)."""
+    index = {t.signature: i for i, t in enumerate(tasks)}
+    groups = list(range(len(tasks)))
+    for i, task in enumerate(tasks):
+        for alt in alternatives(task):
+            if alt.signature in index:
+                groups[index[alt.signature]] = groups[i]
+    return groups
 
 
 def tune_tasks(tasks: list[TuningTask], weights: list[int], target: Target, options: TuningOptions, log: TuningLog,
@@ -79,7 +92,7 @@ def tune_tasks(tasks: list[TuningTask], weights: list[int], target: Target, opti
                 remaining -= measure_and_record(s, [s.template.default_config(s.task, target)])[0]
         if remaining > 0 and sessions:
             allocate(SCHEDULERS[scheduler](options.seed), [step_for(s) for s in sessions], weights, remaining,
-                     options.batch_size)
+                     options.batch_size, alternative_groups(tasks))
         for s in sessions:
             steps.remeasure(s, builder, runner)
     return [s.summary() for s in sessions]
