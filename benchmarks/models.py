@@ -52,6 +52,7 @@ MODELS = ROOT / "data" / "models"
 # About 80 trials per task (the CNN about 100 over its 15 tasks: its 3-channel stem, the largest share of the
 # tuned 2-thread time, went from 20.3 to 18.1 us at 400 trials where 960 for the model gave it 81).
 BUDGET = {"cnn": 1600, "mlp": 240, "transformer": 600}  # cnn: 10 tasks and 5 Winograd twins
+REGIMES = ("load", "idle")  # turns back to back, or each after the machine went idle (see compare)
 ROUNDS = 30  # 15 rounds left the 2-thread ratios moving by 0.1 between runs of the same libraries
 
 
@@ -108,8 +109,6 @@ def bench_model(name: str, threads: int, budget: int, logs: Path, target: Target
             "tasks": len(tasks), "ok": ok, "kinds": dict(kinds), "winograd": winograd, **regimes,
             "build_s": default_m.build_s, "bound": bound, "peak": peak_gflops}
 
-
-REGIMES = ("load", "idle")  # turns back to back, or each after the machine went idle (see compare)
 
 
 def _latencies(stats: dict[str, dict]) -> dict:

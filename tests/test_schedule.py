@@ -86,6 +86,13 @@ def test_a_member_far_slower_than_its_alternative_stops_getting_batches():
     assert grouped[1].best + grouped[2].best < alone[1].best + alone[2].best
 
 
+def test_with_every_other_task_exhausted_the_slow_member_gets_the_rest_of_the_budget():
+    tasks = [curve_step(2.0, 1.9, 0.05), curve_step(1.0, 0.5, 0.02, limit=24), curve_step(1.0, 0.5, 0.02, limit=24)]
+    states, _ = allocate(GradientScheduler(seed=0, epsilon=0.0), tasks, [1, 1, 1], budget=100, batch_size=8,
+                         groups=[0, 0, 2])
+    assert [s.trials for s in states] == [52, 24, 24]
+
+
 def test_tune_tasks_groups_a_conv_with_its_winograd_twin():
     from schemas.task import parse_epilogue
     from stages.build.tune_all import alternative_groups

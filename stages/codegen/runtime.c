@@ -6,8 +6,8 @@
  * between kernels of one inference and, by default (2 ms), the gap between the inferences of a
  * server under load: waking a sleeping worker costs a VM tens to hundreds of microseconds, and a
  * 2-thread model called every 0.3 ms here took 0.22-0.23 ms a call with 0.2 ms of spin (0.39
- * before workers were pinned), 0.17-0.19 with 2 ms. TUNAFLOW_SPIN_US (read when the first worker starts) trades that latency for the CPU a
- * spinning worker burns: 0 sleeps at once.
+ * before workers were pinned), 0.17-0.19 with 2 ms. TUNAFLOW_SPIN_US (read when the first worker
+ * starts) trades that latency for the CPU a spinning worker burns: 0 sleeps at once.
  *
  * Each worker is pinned to its own allowed CPU, the ones after the caller's (TUNAFLOW_PIN=0 leaves
  * them to the scheduler): unpinned, a worker woken after a pause shared the caller's vCPU here for
