@@ -49,8 +49,9 @@ from stages.runtime.compare import (  # noqa: E402
 )
 
 MODELS = ROOT / "data" / "models"
-# About 80 trials per task (the CNN about 100 over its 15 tasks: its 3-channel stem, the largest share of the
-# tuned 2-thread time, went from 20.3 to 18.1 us at 400 trials where 960 for the model gave it 81).
+# About 80 trials per task, the CNN about 100 over its 15: its 3-channel stem, the largest share of the tuned
+# 2-thread time, went from 20.3 to 18.1 us at 400 trials where 960 for the model gave it 81 (the scheduler then
+# also spent a third of the budget on direct kernels their Winograd twins beat; at 1600 now it gets ~480).
 BUDGET = {"cnn": 1600, "mlp": 240, "transformer": 600}  # cnn: 10 tasks and 5 Winograd twins
 REGIMES = ("load", "idle")  # turns back to back, or each after the machine went idle (see compare)
 ROUNDS = 30  # 15 rounds left the 2-thread ratios moving by 0.1 between runs of the same libraries
