@@ -295,11 +295,13 @@ def tune_model(model: Path, target, options, log: Path, output: Path, input_shap
         charts = [str(p) for p in log_charts(TuningLog(log), charts_dir, target.key, options.measure.threads)]
     if fallback and not quiet:
         err.print(f"[yellow]{fallback}[/]", highlight=False)
+    built = {op.task_signature for op in manifest.ops if op.task_signature}  # of a conv and its twin, the faster
     return {
         "model": str(model), "log": str(log), "charts": charts, "fallback": fallback,
         "tasks": [{"task": t.task.description, "signature": t.task.signature, "weight": t.weight,
                    "trials": s.trials, "new_trials": s.new_trials, "best_gflops": round(s.best_gflops, 2),
-                   "errors": s.errors} for t, s in zip(tasks, summaries, strict=True)],
+                   "errors": s.errors, "built": t.task.signature in built}
+                  for t, s in zip(tasks, summaries, strict=True)],
         **build_summary(manifest, output),
     }
 
@@ -308,11 +310,11 @@ def print_tune(r: dict) -> None:
     from rich.table import Table
 
     table = Table(title=f"tasks of {r['model']}")
-    for col in ("task", "x", "trials", "new", "best GFLOPS", "failed"):
+    for col in ("task", "x", "trials", "new", "best GFLOPS", "failed", "built"):
         table.add_column(col, justify="left" if col == "task" else "right")
     for t in r["tasks"]:
         table.add_row(t["task"], str(t["weight"]), str(t["trials"]), str(t["new_trials"]), f"{t['best_gflops']:.1f}",
-                      str(sum(t["errors"].values())))
+                      str(sum(t["errors"].values())), "yes" if t["built"] else "-")
     out.print(table)
     _print_build(r)
     out.print(f"tuning log: {r['log']}")
