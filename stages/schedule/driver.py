@@ -15,7 +15,7 @@ def weighted_latency(states: Sequence[TaskState]) -> float:
     """The model's estimated latency: sum over groups (an op and its alternative implementations) of
     weight x the group's best latency (inf while a group has none)."""
     states = list(states)
-    weights = {group_of(states, i): s.weight for i, s in enumerate(states)}
+    weights = {group_of(s, i): s.weight for i, s in enumerate(states)}
     return sum(weights[g] * best for g, best in group_bests(states).items())
 
 

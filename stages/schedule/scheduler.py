@@ -27,7 +27,7 @@ import numpy as np
 @dataclass
 class TaskState:
     weight: float
-    group: int | None = None  # tasks sharing a group implement one op (None: a group of its own)
+    group: int | None = None  # tasks sharing a group implement one op (None: its own index)
     trials: int = 0
     best: float = math.inf
     history: list[tuple[int, float]] = field(default_factory=list)
@@ -78,7 +78,7 @@ class GradientScheduler:
         if self.rng.random() < self.epsilon:
             return int(self.rng.choice(live))
         group_best = group_bests(states)
-        gains = {i: states[i].weight * max(0.0, group_best[group_of(states, i)] - self.expected(states[i]))
+        gains = {i: states[i].weight * max(0.0, group_best[group_of(states[i], i)] - self.expected(states[i]))
                  for i in live}
         if max(gains.values()) > 0:
             return max(live, key=lambda i: gains[i])
@@ -98,16 +98,17 @@ class GradientScheduler:
         return self.alpha * backward + (1 - self.alpha) * forward
 
 
-def group_of(states: list[TaskState], i: int) -> int | tuple[str, int]:
-    g = states[i].group
-    return ("own", i) if g is None else g
+def group_of(s: TaskState, i: int) -> int:
+    """The group of task `i`: its `group`, or its own index (groups are indices of a member, as
+    `stages.build.tune_all.alternative_groups` gives them)."""
+    return i if s.group is None else s.group
 
 
-def group_bests(states: list[TaskState]) -> dict:
+def group_bests(states: list[TaskState]) -> dict[int, float]:
     """Each group's best latency: the fastest of its members."""
-    best: dict = {}
+    best: dict[int, float] = {}
     for i, s in enumerate(states):
-        key = group_of(states, i)
+        key = group_of(s, i)
         best[key] = min(best.get(key, math.inf), s.best)
     return best
 
