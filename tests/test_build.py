@@ -3,10 +3,13 @@ from a real tuning log, the memory plan, and the build's errors."""
 
 import numpy as np
 import pytest
+from llvmlite import ir
 
 from schemas import Config, EpilogueOp, MeasureOptions, TensorSpec, TuningOptions, TuningTask, matmul_task
 from stages.build.library import BuildError, build_library
 from stages.build.memplan import Step, plan_workspace
+from stages.build.opctx import OpCtx
+from stages.build.ops import OPS
 from stages.graph import reference
 from stages.graph.ir import Graph, Node, Value
 from stages.log import TuningLog
@@ -179,6 +182,14 @@ def test_trailing_axis_sums_match_the_reference_with_vector_tails(tmp_path, host
     got, want = load(tmp_path / "lib").run(x=g.env["x"]), reference.run(graph, {"x": g.env["x"]})
     for name in want:
         np.testing.assert_allclose(got[name], want[name], rtol=1e-5, atol=1e-5, err_msg=name)
+    vectorised = []
+    for node in graph.nodes:
+        module = ir.Module()
+        ctx = OpCtx.open(module, graph, node, "op")
+        OPS[node.op](ctx)
+        ctx.close()
+        vectorised.append("llvm.vector.reduce.fadd.v16f32" in str(module))
+    assert vectorised == [True, len(shape) == 3, False] + [True] * (len(shape) == 4)
 
 
 @pytest.mark.parametrize("op,attrs", POOLS)
