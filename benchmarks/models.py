@@ -111,7 +111,6 @@ def bench_model(name: str, threads: int, budget: int, logs: Path, target: Target
             "build_s": default_m.build_s, "bound": bound, "peak": peak_gflops}
 
 
-
 def _latencies(stats: dict[str, dict]) -> dict:
     return {"ms": {k: v["median_ms"] for k, v in stats.items()},
             "tuned_ort": paired_ratio(stats, "tuned", "onnxruntime"),
