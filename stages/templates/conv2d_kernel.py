@@ -180,8 +180,9 @@ class Plan:
 
     @property
     def segmented(self) -> bool:
-        """A flat vector may span output rows: it is stored in pieces that skip the padding columns."""
-        return self.flat and self.wq != self.g.ow
+        """A flat vector may span output rows: it is stored in pieces that skip the padding columns of
+        the grid (`wq` apart) or of a padded Y (`y_pitch` apart): either pitch differing from `ow`."""
+        return self.flat and (self.wq != self.g.ow or self.y_pitch != self.g.ow)
 
     @property
     def plane(self) -> int:
