@@ -17,7 +17,8 @@ OpKind = Literal["matmul", "dense", "batch_matmul", "conv2d", "conv2d_winograd"]
 CONV_OPS = ("conv2d", "conv2d_winograd")  # NCHW x OIHW convolutions, whatever the algorithm
 DType = Literal["float32"]
 EpilogueKind = Literal[
-    "bias", "scale_shift", "relu", "clip", "leaky_relu", "sigmoid", "tanh", "gelu", "residual_add"
+    "bias", "scale_shift", "relu", "clip", "leaky_relu", "sigmoid", "tanh", "gelu", "gelu_tanh", "swish",
+    "hard_sigmoid", "hard_swish", "residual_add",
 ]
 
 
@@ -93,7 +94,10 @@ def matmul_task(m: int, n: int, k: int) -> TuningTask:
     )
 
 
-_EPILOGUE_PARAMS: dict[str, tuple[str, ...]] = {"clip": ("min", "max"), "leaky_relu": ("alpha",)}
+_EPILOGUE_PARAMS: dict[str, tuple[str, ...]] = {
+    "clip": ("min", "max"), "leaky_relu": ("alpha",), "swish": ("alpha",), "hard_sigmoid": ("alpha", "beta"),
+    "hard_swish": ("alpha", "beta"),
+}
 
 
 def parse_epilogue(text: str) -> tuple[EpilogueOp, ...]:

@@ -73,6 +73,9 @@ _OPS = st.sampled_from([
     EpilogueOp(kind="clip", attrs={"min": -1.5}), EpilogueOp(kind="leaky_relu", attrs={"alpha": 0.1}),
     EpilogueOp(kind="sigmoid"), EpilogueOp(kind="tanh"), EpilogueOp(kind="gelu"),
     EpilogueOp(kind="residual_add"), EpilogueOp(kind="residual_add", attrs={"beta": -2.0}),
+    EpilogueOp(kind="gelu_tanh"), EpilogueOp(kind="swish"), EpilogueOp(kind="swish", attrs={"alpha": 1.7}),
+    EpilogueOp(kind="hard_sigmoid"), EpilogueOp(kind="hard_sigmoid", attrs={"alpha": 0.3, "beta": 0.4}),
+    EpilogueOp(kind="hard_swish"),
 ])
 
 
@@ -84,9 +87,11 @@ def test_random_chains_match_numpy(chain, rows, cols, on_cols):
     np.testing.assert_allclose(y, ref, rtol=2e-6, atol=2e-6)
 
 
-@pytest.mark.parametrize("kind", ["sigmoid", "tanh", "gelu"])
-def test_transcendentals_are_accurate_over_a_wide_range(kind):
-    ops = (EpilogueOp(kind=kind),)
+@pytest.mark.parametrize("op", [EpilogueOp(kind=k) for k in ("sigmoid", "tanh", "gelu", "gelu_tanh", "swish",
+                                                             "hard_sigmoid", "hard_swish")]
+                         + [EpilogueOp(kind="swish", attrs={"alpha": 0.5})], ids=lambda op: op.kind)
+def test_transcendentals_are_accurate_over_a_wide_range(op):
+    ops = (op,)
     x = np.concatenate([np.linspace(-100, 100, 4001), np.linspace(-1e-3, 1e-3, 999)]).astype(np.float32)
     x = x.reshape(-1, VW)
     y = np.empty_like(x)
@@ -107,5 +112,8 @@ def test_operands_follow_epilogue_order_and_shapes():
 def test_validate_rejects_unknown_attributes_and_bad_clip():
     with pytest.raises(ValueError, match="does not take"):
         epilogue.validate((EpilogueOp(kind="relu", attrs={"alpha": 1.0}),))
+    with pytest.raises(ValueError, match="does not take"):
+        epilogue.validate((EpilogueOp(kind="swish", attrs={"beta": 1.0}),))
+    epilogue.validate((EpilogueOp(kind="hard_swish", attrs={"alpha": 0.2, "beta": 0.5}),))
     with pytest.raises(ValueError, match="exceeds max"):
         epilogue.validate((EpilogueOp(kind="clip", attrs={"min": 3.0, "max": 1.0}),))

@@ -2,7 +2,11 @@
 
 Shared by every template (dense, matmul, batch matmul, conv2d). A chain is the task's
 `epilogue` (any order, any length) of: bias, scale_shift, relu, clip, leaky_relu, sigmoid, tanh,
-gelu (exact, erf form), residual_add.
+gelu (exact, erf form), gelu_tanh (the tanh approximation), swish (x * sigmoid(alpha x); SiLU at
+alpha 1), hard_sigmoid (clamp(alpha x + beta, 0, 1)), hard_swish (x * hard_sigmoid(x); ONNX's
+HardSwish at alpha 1/6, beta 1/2), residual_add. `DEFAULTS` holds the attributes an op assumes
+when they are absent (the fusion pass drops attributes equal to them, so a model's layer and
+`--epilogue hard_swish` are one task).
 
 Epilogue tensors (the contract between tasks, `make_inputs`, `kernel_args` and codegen):
 - In `TuningTask.inputs` they follow the anchor op's own inputs, in epilogue order:
@@ -36,6 +40,10 @@ from stages.codegen.irb import I32, call_math, fconst, lanes_of
 
 ROLES: dict[str, tuple[str, ...]] = {
     "bias": ("bias",), "scale_shift": ("scale", "shift"), "residual_add": ("residual",),
+}
+DEFAULTS: dict[str, dict[str, float]] = {
+    "swish": {"alpha": 1.0}, "hard_sigmoid": {"alpha": 0.2, "beta": 0.5},
+    "hard_swish": {"alpha": 1 / 6, "beta": 0.5},
 }
 
 
@@ -72,9 +80,15 @@ def make_operands(ops: Sequence[EpilogueOp], out_shape: tuple[int, ...], channel
     return out
 
 
+def param(kind: str, attrs: dict[str, float], name: str) -> float:
+    """Attribute `name` of an op of `kind`, or its default."""
+    return attrs.get(name, DEFAULTS[kind][name])
+
+
 def validate(ops: Sequence[EpilogueOp]) -> None:
     """Raise ValueError for attributes an op does not take or values it cannot use."""
-    allowed = {"clip": {"min", "max"}, "leaky_relu": {"alpha"}, "bias": {"beta"}, "residual_add": {"beta"}}
+    allowed = {"clip": {"min", "max"}, "leaky_relu": {"alpha"}, "bias": {"beta"}, "residual_add": {"beta"},
+               **{kind: set(d) for kind, d in DEFAULTS.items()}}
     for op in ops:
         extra = sorted(set(op.attrs) - allowed.get(op.kind, set()))
         if extra:
@@ -119,6 +133,13 @@ def apply_reference(ops: Sequence[EpilogueOp], y: np.ndarray, tensors: Sequence[
             y = np.tanh(y)
         elif op.kind == "gelu":
             y = 0.5 * y * (1.0 + _erf(y / math.sqrt(2.0)))
+        elif op.kind == "gelu_tanh":
+            y = 0.5 * y * (1.0 + np.tanh(math.sqrt(2.0 / math.pi) * (y + 0.044715 * y ** 3)))
+        elif op.kind == "swish":
+            y = 0.5 * y * (1.0 + np.tanh(0.5 * param(op.kind, a, "alpha") * y))
+        elif op.kind in ("hard_sigmoid", "hard_swish"):
+            h = np.clip(param(op.kind, a, "alpha") * y + param(op.kind, a, "beta"), 0.0, 1.0)
+            y = h if op.kind == "hard_sigmoid" else y * h
         else:
             raise ValueError(f"no reference for epilogue op {op.kind!r}")
     return y.astype(np.float32)
@@ -230,6 +251,24 @@ def _gelu(b: ir.IRBuilder, x: ir.Value) -> ir.Value:
     return b.fmul(b.fmul(x, c(0.5)), b.fadd(c(1.0), erf))
 
 
+def _gelu_tanh(b: ir.IRBuilder, x: ir.Value) -> ir.Value:
+    """0.5 x (1 + tanh(u)), u = sqrt(2/pi) (x + 0.044715 x^3) (GPT-2's and ONNX Gelu(approximate="tanh")), as
+    x * sigmoid(2u): the same function, without the cancellation of 1 + tanh(u) for negative u."""
+    ty = x.type
+    x3 = b.fmul(x, b.fmul(x, x))
+    two_u = b.fmul(call_math(b, "llvm.fma", x3, fconst(ty, 0.044715), x), fconst(ty, 2 * math.sqrt(2.0 / math.pi)))
+    return b.fmul(x, _sigmoid(b, two_u))
+
+
+def _swish(b: ir.IRBuilder, x: ir.Value, alpha: float) -> ir.Value:
+    return b.fmul(x, _sigmoid(b, x if alpha == 1.0 else b.fmul(x, fconst(x.type, alpha))))
+
+
+def _hard_sigmoid(b: ir.IRBuilder, x: ir.Value, kind: str, a: dict[str, float]) -> ir.Value:
+    h = call_math(b, "llvm.fma", x, fconst(x.type, param(kind, a, "alpha")), fconst(x.type, param(kind, a, "beta")))
+    return _min(b, _max(b, h, 0.0), 1.0)
+
+
 _Rule = Callable[[ir.IRBuilder, ir.Value, dict[str, float], list[ir.Value]], ir.Value]
 
 _RULES: dict[str, _Rule] = {
@@ -242,4 +281,8 @@ _RULES: dict[str, _Rule] = {
     "sigmoid": lambda b, x, a, t: _sigmoid(b, x),
     "tanh": lambda b, x, a, t: _tanh(b, x),
     "gelu": lambda b, x, a, t: _gelu(b, x),
+    "gelu_tanh": lambda b, x, a, t: _gelu_tanh(b, x),
+    "swish": lambda b, x, a, t: _swish(b, x, param("swish", a, "alpha")),
+    "hard_sigmoid": lambda b, x, a, t: _hard_sigmoid(b, x, "hard_sigmoid", a),
+    "hard_swish": lambda b, x, a, t: b.fmul(x, _hard_sigmoid(b, x, "hard_swish", a)),
 }
