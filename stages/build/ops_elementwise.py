@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable
 
 import numpy as np
@@ -49,16 +48,18 @@ def relu(b: ir.IRBuilder, x: ir.Value) -> ir.Value:
 
 
 def _gelu(ctx: OpCtx) -> None:
-    if ctx.attr("approximate", "none") == "tanh":
-        c = math.sqrt(2 / math.pi)
+    kind = "gelu_tanh" if ctx.attr("approximate", "none") == "tanh" else "gelu"
+    elementwise(ctx, lambda b, v: epilogue_op(b, kind, v[0]), [0])
 
-        def f(b, x):
-            inner = b.fmul(f32(c), b.fadd(x, b.fmul(f32(0.044715), b.fmul(x, b.fmul(x, x)))))
-            return b.fmul(b.fmul(f32(0.5), x), b.fadd(f32(1), epilogue_op(b, "tanh", inner)))
-    else:
-        def f(b, x):
-            return epilogue_op(b, "gelu", x)
-    elementwise(ctx, lambda b, v: f(b, v[0]), [0])
+
+def _hard_swish(ctx: OpCtx) -> None:
+    alpha, beta = float(ctx.attr("alpha", 1 / 6)), float(ctx.attr("beta", 0.5))
+    elementwise(ctx, lambda b, v: epilogue_op(b, "hard_swish", v[0], alpha=alpha, beta=beta), [0])
+
+
+def _swish(ctx: OpCtx) -> None:
+    alpha = float(ctx.attr("alpha", 1.0))
+    elementwise(ctx, lambda b, v: epilogue_op(b, "swish", v[0], alpha=alpha), [0])
 
 
 def _clip(ctx: OpCtx) -> None:
@@ -185,6 +186,8 @@ OPS: dict[str, Callable[[OpCtx], None]] = {
     "LeakyRelu": _leaky_relu,
     "Elu": _elu,
     "HardSigmoid": _hard_sigmoid,
+    "HardSwish": _hard_swish,
+    "Swish": _swish,
     "PRelu": _prelu,
     "Add": lambda ctx: elementwise(ctx, _fold(lambda b, x, y: b.fadd(x, y))),
     "Sum": lambda ctx: elementwise(ctx, _fold(lambda b, x, y: b.fadd(x, y))),

@@ -368,6 +368,8 @@ NORMALIZERS: dict[str, Callable[..., list[Emit]]] = {
     "Elu": _keep(("alpha", 1.0)), "PRelu": _prelu, "Tile": _tile,
     "Selu": _keep(("alpha", 1.67326319217681884765625), ("gamma", 1.05070102214813232421875)),
     "HardSigmoid": _keep(("alpha", 0.2), ("beta", 0.5)),
+    "HardSwish": _keep(("alpha", 1 / 6), ("beta", 0.5)),  # x * HardSigmoid(x) at ONNX's fixed alpha and beta
+    "Swish": _keep(("alpha", 1.0)),
     "InstanceNormalization": _keep(("epsilon", 1e-5)),
     "Shrink": _keep(("bias", 0.0), ("lambd", 0.5)),
     "ReduceSum": _reduce(13), "ReduceMax": _reduce(18), "ReduceMin": _reduce(18),

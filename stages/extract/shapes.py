@@ -105,6 +105,7 @@ SHAPES: dict[str, Callable[[list[Shape], dict], list[Shape]]] = {
     **{op: _same for op in ("Relu", "Sigmoid", "Tanh", "Erf", "Sqrt", "LeakyRelu", "Gelu", "Clip", "Softmax",
                             "LogSoftmax", "LRN", "LayerNormalization", "Abs", "Neg", "Exp", "Log", "Reciprocal",
                             "Floor", "Ceil", "Sign", "Softplus", "Softsign", "Elu", "Selu", "HardSigmoid", "Shrink",
+                            "HardSwish", "Swish",
                             "InstanceNormalization")},
     **{op: _broadcast for op in ("Add", "Sub", "Mul", "Div", "Pow", "Sum", "Max", "Min", "Mean", "PRelu")},
     "Conv": _conv, "ConvTranspose": _conv_transpose, "MaxPool": _pool, "AveragePool": _pool, "MatMul": _matmul,

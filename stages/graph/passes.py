@@ -3,8 +3,9 @@
 1. `fold_batchnorm`: a BatchNormalization right after a Conv or Gemm with constant weights is
    folded into the weights and bias (free at run time); any other one becomes Mul + Add by
    per-channel constants, which the fusion pass can still absorb as a scale_shift.
-2. `rewrite_gelu`: the Erf form of Gelu that exporters emit (x * 0.5 * (1 + erf(x / sqrt 2)), in
-   its usual orders) becomes one Gelu node.
+2. `rewrite_activations` (passes_act.py): activations written out as element-wise ops (Gelu's erf
+   and tanh forms, x * Sigmoid(x), HardSigmoid as relu6(x + 3) / 6, HardSwish as x * HardSigmoid(x))
+   become one node each, which the fusion pass absorbs as one epilogue op.
 3. `rewrite_layernorm` (passes_norm.py): the opset < 17 decomposition of layer normalisation
    (ReduceMean, Sub, Pow, ReduceMean, Add, Sqrt, Div, Mul, Add) becomes one LayerNormalization.
 4. `fuse` (passes_fuse.py): every Conv / Gemm / MatMul becomes an anchor node with a TuningTask
@@ -18,11 +19,11 @@ its input internally) itself, so no layout-transform nodes are needed between co
 from __future__ import annotations
 
 import copy
-import math
 
 import numpy as np
 
 from stages.graph.ir import Graph, Node, Value
+from stages.graph.passes_act import rewrite_activations
 from stages.graph.passes_fuse import fuse
 from stages.graph.passes_norm import rewrite_layernorm
 
@@ -31,7 +32,7 @@ def optimize(graph: Graph) -> Graph:
     """A new graph with every pass applied; the input graph is left as it was (constant arrays are shared:
     passes add new constants, they never write into existing ones)."""
     g = copy.deepcopy(graph, memo={id(a): a for a in graph.constants.values()})
-    for p in (fold_batchnorm, rewrite_gelu, rewrite_layernorm, fuse, eliminate_dead):
+    for p in (fold_batchnorm, rewrite_activations, rewrite_layernorm, fuse, eliminate_dead):
         p(g)
     return g
 
@@ -76,66 +77,6 @@ def _fold_into(g: Graph, src: Node, s: np.ndarray, t: np.ndarray) -> bool:
         src.attrs = {**src.attrs, "beta": 1.0}
     src.inputs = [src.inputs[0], g.add_constant(src.name + ".w_bn", w2), g.add_constant(src.name + ".b_bn", b2)]
     return True
-
-
-def _const_value(g: Graph, name: str) -> float | None:
-    c = g.constants.get(name)
-    return float(c.reshape(-1)[0]) if c is not None and c.size == 1 else None
-
-
-def _other(node: Node, name: str) -> str | None:
-    """The other input of a binary node that reads `name`."""
-    if len(node.inputs) != 2 or name not in node.inputs:
-        return None
-    return node.inputs[1] if node.inputs[0] == name else node.inputs[0]
-
-
-def _is_const(g: Graph, node: Node, name: str, value: float) -> bool:
-    other = _other(node, name)
-    v = _const_value(g, other) if other is not None else None
-    return v is not None and math.isclose(v, value, rel_tol=1e-4)
-
-
-def rewrite_gelu(g: Graph) -> None:
-    """Replace x * 0.5 * (1 + erf(x / sqrt 2)) (any association of the two products) by Gelu(x)."""
-    for erf in [n for n in g.nodes if n.op == "Erf"]:
-        users, prod = g.consumers(), g.producer()
-        div = prod.get(erf.inputs[0])
-        if div is None or div.op not in ("Div", "Mul") or div.inputs[0] in g.constants:
-            continue
-        x = div.inputs[0]
-        if not _is_const(g, div, x, math.sqrt(2) if div.op == "Div" else 1 / math.sqrt(2)):
-            continue
-        add = g.sole_consumer(erf.outputs[0], users)
-        if add is None or add.op != "Add" or not _is_const(g, add, erf.outputs[0], 1.0):
-            continue
-        chain = _gelu_products(g, x, add.outputs[0], users, prod)
-        if chain is None or g.sole_consumer(div.outputs[0], users) is not erf:
-            continue
-        last = chain[-1]
-        gone = {id(n) for n in (div, erf, add, *chain)}
-        i = g.nodes.index(last)
-        g.nodes[i] = Node(last.name + "/gelu", "Gelu", [x], list(last.outputs), {"approximate": "none"})
-        g.nodes = [n for n in g.nodes if id(n) not in gone]
-
-
-def _gelu_products(g: Graph, x: str, a: str, users, prod) -> list[Node] | None:
-    """The Mul nodes forming x * 0.5 * a, last one last, or None if the pattern is not there."""
-    m = g.sole_consumer(a, users)
-    if m is None or m.op != "Mul":
-        return None
-    other = _other(m, a)
-    if other == x or _is_const(g, m, a, 0.5):
-        m2 = g.sole_consumer(m.outputs[0], users)
-        if m2 is None or m2.op != "Mul":
-            return None
-        ok = _is_const(g, m2, m.outputs[0], 0.5) if other == x else _other(m2, m.outputs[0]) == x
-        return [m, m2] if ok else None
-    half = prod.get(other)
-    if half is not None and half.op == "Mul" and x in half.inputs and _is_const(g, half, x, 0.5) \
-            and g.sole_consumer(other, users) is m:
-        return [half, m]
-    return None
 
 
 def eliminate_dead(g: Graph) -> None:

@@ -2,7 +2,8 @@
 
 Each anchor gets a `TuningTask` whose inputs are `[X, W, *epilogue tensors]` (the convention of
 stages/templates/epilogue.py) and absorbs the element-wise chain that follows it while each link
-has the anchor's result as its only reader: Relu, Clip, LeakyRelu, Sigmoid, Tanh, Gelu; an Add,
+has the anchor's result as its only reader: Relu, Clip, LeakyRelu, Sigmoid, Tanh, Gelu (both forms),
+Swish, HardSigmoid, HardSwish (passes_act.py has made one node of each written-out form); an Add,
 two-input Sum or Sub of a per-channel (or scalar) constant (bias); a Mul or Div by one
 (scale_shift); an Add or Sum with a tensor of the output's shape (residual_add, run-time or
 constant). The fused node takes the place of the last node it absorbed, so every tensor it
@@ -30,7 +31,9 @@ from stages.templates import epilogue as epi
 
 ANCHORS = ("Conv", "Gemm", "MatMul")
 DENSE_ATTRS = {"trans_a": False, "trans_b": True, "alpha": 1.0}
-UNARY_EPILOGUE = {"Relu": "relu", "Sigmoid": "sigmoid", "Tanh": "tanh", "Clip": "clip", "LeakyRelu": "leaky_relu"}
+UNARY_EPILOGUE = {"Relu": "relu", "Sigmoid": "sigmoid", "Tanh": "tanh", "Clip": "clip", "LeakyRelu": "leaky_relu",
+                  "Swish": "swish", "HardSigmoid": "hard_sigmoid", "HardSwish": "hard_swish"}
+GELU_EPILOGUE = {"none": "gelu", "tanh": "gelu_tanh"}
 
 
 @dataclass
@@ -172,11 +175,18 @@ def _absorb(g: Graph, a: _Anchor, users: dict[str, list[Node]], taken: set[int])
         a.out = c.outputs[0]
 
 
+def _unary_attrs(kind: str, attrs: dict) -> dict[str, float]:
+    """Numeric attributes, less those equal to the op's defaults (one task per layer, however it is written)."""
+    default = epi.DEFAULTS.get(kind, {})
+    return {k: float(v) for k, v in attrs.items() if k in ("min", "max", "alpha", "beta")
+            and not (k in default and math.isclose(v, default[k], rel_tol=1e-6))}
+
+
 def _step(g: Graph, a: _Anchor, c: Node) -> bool:
     """Absorb element-wise node `c` (reading the anchor's current result) into the epilogue, if it fits."""
-    if c.op in UNARY_EPILOGUE or (c.op == "Gelu" and c.attrs.get("approximate", "none") == "none"):
-        attrs = {k: float(v) for k, v in c.attrs.items() if k in ("min", "max", "alpha")}
-        a.ops.append(EpilogueOp(kind=UNARY_EPILOGUE.get(c.op, "gelu"), attrs=attrs))
+    if c.op in UNARY_EPILOGUE or (c.op == "Gelu" and c.attrs.get("approximate", "none") in GELU_EPILOGUE):
+        kind = UNARY_EPILOGUE.get(c.op) or GELU_EPILOGUE[c.attrs.get("approximate", "none")]
+        a.ops.append(EpilogueOp(kind=kind, attrs=_unary_attrs(kind, c.attrs)))
         return True
     if c.op not in ("Add", "Sum", "Sub", "Mul", "Div") or len(c.inputs) != 2 or c.inputs[0] == c.inputs[1]:
         return False

@@ -11,10 +11,11 @@ are the importer's normalised ones (the same the library build reads):
   `sizes` for every axis (element i of an axis is `starts + i * steps`). Pad: `pads` (all begins, then all
   ends), `mode`, `value`. Softmax / LogSoftmax: `axis` (one axis). LayerNormalization: `axis`,
   `epsilon`. InstanceNormalization: `epsilon`. ReduceMean/Sum/Max/Min: `axes`, `keepdims`.
-  Clip: `min`, `max`. LeakyRelu, Elu: `alpha`. Selu: `alpha`, `gamma`. HardSigmoid: `alpha`,
-  `beta`. Shrink: `bias`, `lambd`. LRN: `size`, `alpha`, `beta`, `bias`. Gelu: `approximate`. Gemm: `alpha`, `beta`,
-  `transA`, `transB`. BatchNormalization: `epsilon`. ConvTranspose: `strides`, `dilations`,
-  `pads` (top, left, bottom, right), `output_padding`, `group`.
+  Clip: `min`, `max`. LeakyRelu, Elu: `alpha`. Selu: `alpha`, `gamma`. HardSigmoid, HardSwish: `alpha`,
+  `beta` (HardSwish is x * HardSigmoid(x)). Swish: `alpha`. Shrink: `bias`, `lambd`. LRN: `size`,
+  `alpha`, `beta`, `bias`. Gelu: `approximate`. Gemm: `alpha`, `beta`, `transA`, `transB`.
+  BatchNormalization: `epsilon`. ConvTranspose: `strides`, `dilations`, `pads` (top, left, bottom,
+  right), `output_padding`, `group`.
 - Anchors (`conv2d`, `dense`, `matmul`, `batch_matmul`) carry a `TuningTask`; their node inputs
   are the task inputs in order (X, W, then the epilogue tensors) and their tensors may be
   contiguous reshapes of the task's specs (a dense over [1, S, K] activations has X spec (S, K)).
@@ -298,6 +299,8 @@ OPS: dict[str, OpFn] = {
     "Elu": _unary(lambda x, a: _elu(x, a.get("alpha", 1.0))),
     "Selu": _unary(lambda x, a: a["gamma"] * _elu(x, a["alpha"])),
     "HardSigmoid": _unary(lambda x, a: np.clip(a.get("alpha", 0.2) * x + a.get("beta", 0.5), 0, 1)),
+    "HardSwish": _unary(lambda x, a: x * np.clip(a.get("alpha", 1 / 6) * x + a.get("beta", 0.5), 0, 1)),
+    "Swish": _unary(lambda x, a: x * _sigmoid(a.get("alpha", 1.0) * x)),
     "Shrink": _unary(_shrink),
     "PRelu": _binary(lambda x, slope: np.where(x < 0, x * slope, x)),
     "Max": _variadic(np.maximum), "Min": _variadic(np.minimum),
