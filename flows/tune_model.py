@@ -23,10 +23,10 @@ from flows.tune_op import propose, record, remeasure, run
 from schemas.options import TuningOptions
 from schemas.target import Target
 from schemas.task import TuningTask
-from stages.build.library import build_library
 from stages.build.manifest import Manifest
 from stages.build.tune_all import RoundSteps, tunable
 from stages.build.tune_all import tune_tasks as tune_all
+from stages.build.verify import Verification, build_verified
 from stages.extract import load_model
 from stages.graph.ir import Graph
 from stages.graph.passes import optimize
@@ -51,11 +51,14 @@ def extract(model: str, input_shapes: dict[str, tuple[int, ...]]) -> tuple[Graph
 
 
 @task(name="build-library", task_run_name="build-library {out}", cache_policy=NO_CACHE)
-def build(graph: Graph, target: Target, out: str, threads: int, log_path: str | None) -> tuple[Manifest, str | None]:
+def build(model: str, graph: Graph, target: Target, out: str, threads: int, log_path: str | None,
+          verify: bool = True) -> tuple[Manifest, str | None, Verification]:
+    """The library in `out`, checked against `model` (`stages/build/verify.py`) when `verify`."""
     messages: list[str] = []
-    manifest = build_library(graph, target, Path(out), threads, Path(log_path) if log_path else None,
-                             on_fallback=messages.append)
-    return manifest, (messages[0] if messages else None)
+    manifest, verification = build_verified(model, graph, target, Path(out), threads,
+                                            Path(log_path) if log_path else None, on_fallback=messages.append,
+                                            verify=verify)
+    return manifest, (messages[0] if messages else None), verification
 
 
 @task(name="charts", cache_policy=NO_CACHE)
@@ -74,7 +77,8 @@ def latency(tuned: str, default: str) -> dict[str, dict]:
 @flow(name="tune-model", flow_run_name="tune-model {model} on {target_name}", log_prints=True)
 def tune_model(model: str, target_name: str, options: TuningOptions, log_path: str, out: str,
                input_shapes: dict[str, tuple[int, ...]] | None = None, charts_dir: str | None = None,
-               scheduler: str = "gradient", compare_default: bool = True, progress: bool = False) -> dict:
+               scheduler: str = "gradient", compare_default: bool = True, progress: bool = False,
+               verify: bool = True) -> dict:
     """`options.n_trials` trials (log included) over the tasks of `model`, then the library in `out`."""
     target = Target.parse(target_name)
     threads = options.measure.threads
@@ -90,7 +94,7 @@ def tune_model(model: str, target_name: str, options: TuningOptions, log_path: s
     with view if progress else contextlib.nullcontext():
         summaries = tune_all([t.task for t in tasks], [t.weight for t in tasks], target, options,
                              TuningLog(log_path), options.n_trials, scheduler, observers, STEPS)
-    manifest, fallback = build(graph, target, out, threads, log_path)
+    manifest, fallback, verification = build(model, graph, target, out, threads, log_path, verify)
     pngs = charts(log_path, charts_dir or str(Path(out) / "charts"), target.key, threads)
     publish_results(artifact_key("results", Path(model).stem, target.name),
                     [_row(t, s, TuningLog(log_path), target, threads) for t, s in zip(tasks, summaries, strict=True)])
@@ -100,12 +104,12 @@ def tune_model(model: str, target_name: str, options: TuningOptions, log_path: s
     latencies = None
     if compare_default:
         with tempfile.TemporaryDirectory(prefix="tunaflow-default-") as default_out:
-            build(graph, target, default_out, threads, None)
+            build(model, graph, target, default_out, threads, None, verify=False)  # only timed, never kept
             latencies = latency(out, default_out)
-    create_markdown_artifact(_build_report(manifest, fallback, latencies), key=artifact_key("build", Path(model).stem),
-                             description=f"build report of {model}")
-    return {"tasks": tasks, "summaries": summaries, "manifest": manifest, "fallback": fallback, "charts": pngs,
-            "latency": latencies}
+    create_markdown_artifact(_build_report(manifest, fallback, verification, latencies),
+                             key=artifact_key("build", Path(model).stem), description=f"build report of {model}")
+    return {"tasks": tasks, "summaries": summaries, "manifest": manifest, "fallback": fallback,
+            "verification": verification, "charts": pngs, "latency": latencies}
 
 
 def _row(t: ExtractedTask, s: SessionSummary, log: TuningLog, target: Target, threads: int) -> dict:
@@ -124,7 +128,8 @@ def _charts_by_task(pngs: list[str], tasks: list[ExtractedTask]) -> list[str | N
     return [next((p for p in pngs if t.task.signature in Path(p).name), None) for t in tasks]
 
 
-def _build_report(manifest: Manifest, fallback: str | None, latencies: dict | None) -> str:
+def _build_report(manifest: Manifest, fallback: str | None, verification: Verification,
+                  latencies: dict | None) -> str:
     lines = ["| node | op | schedule | task | from record |", "| --- | --- | --- | --- | --- |"]
     for op in manifest.ops:
         rec = f"trial {op.record['trial']} of {op.record['session_id']}" if op.record else "-"
@@ -133,6 +138,9 @@ def _build_report(manifest: Manifest, fallback: str | None, latencies: dict | No
             f"built in {manifest.build_s:.1f} s."]
     if fallback:
         head.append(f"Fallbacks: {fallback}")
+    head.append(f"Checked against {verification.reference} on seeded random inputs in {verification.verify_s:.2f} s "
+                f"(worst output off by {verification.max_error:.1e} of its max abs)." if verification.status == "passed"
+                else f"Not checked: {verification.reason}.")
     if latencies:
         t, d = latencies["tuned"]["median_ms"], latencies["default"]["median_ms"]
         head.append(f"End-to-end latency (median): tuned {t:.3f} ms, default-schedule build {d:.3f} ms "

@@ -8,6 +8,7 @@ from typing import Annotated
 
 import typer
 
+from tunaflow.commands.model import VerifyOpt
 from tunaflow.console import fail, out
 
 DATA = Path(__file__).resolve().parent.parent.parent / "data"
@@ -18,6 +19,7 @@ def demo(
     threads: Annotated[int, typer.Option(help="threads the kernels are tuned, built and run with")] = 1,
     runs: Annotated[Path, typer.Option(help="where the demo's log, libraries and charts go")] = Path("runs"),
     prefect: Annotated[bool, typer.Option("--prefect/--no-prefect", help="run the tuning as a Prefect flow")] = True,
+    verify: VerifyOpt = True,
 ) -> None:
     """Tune the bundled ResNet-like CNN, build its library, and time it against the default build and onnxruntime."""
     from rich.table import Table
@@ -36,8 +38,8 @@ def demo(
               + (" (a temporary local Prefect server starts first, 10-20 s)" if prefect else ""))
     options = TuningOptions(n_trials=trials, batch_size=8, measure=MeasureOptions(threads=threads))
     report = tune_model(model, target, options, run_dir / "log", run_dir / "lib", None, prefect, quiet=False,
-                        charts_dir=run_dir / "charts")
-    _build(_graph(model, None), target, run_dir / "lib-default", threads, None, quiet=True)
+                        charts_dir=run_dir / "charts", verify=verify)
+    _build(model, _graph(model, None), target, run_dir / "lib-default", threads, None, quiet=True, verify=verify)
 
     tuned, default = load(run_dir / "lib"), load(run_dir / "lib-default")
     feeds = random_feeds(tuned)

@@ -15,6 +15,9 @@ ShapeOpt = Annotated[list[str] | None, typer.Option(
     "--input-shape", help="bind an input's (or a symbolic dim's) shape, e.g. input=1x3x224x224 or batch=1")]
 TargetOpt = Annotated[str, typer.Option(help="'host', a preset, or 'llvm -mtriple=... -mcpu=...'")]
 JsonOpt = Annotated[bool, typer.Option("--json", help="print one JSON object at the end, for scripts")]
+VerifyOpt = Annotated[bool, typer.Option(
+    "--verify/--no-verify", help="run the library once on random inputs and fail the build unless it matches "
+                                 "the ONNX model (onnxruntime, else onnx.reference)")]
 
 
 def _graph(model: Path, input_shape: list[str] | None):
@@ -38,23 +41,27 @@ def _target(text: str):
         raise fail(str(exc)) from exc
 
 
-def _build(graph, target, output: Path, threads: int, log: Path | None, quiet: bool):
-    from stages.build.library import BuildError, build_library
+def _build(model: Path, graph, target, output: Path, threads: int, log: Path | None, quiet: bool,
+           verify: bool = True):
+    from stages.build.library import BuildError
+    from stages.build.verify import build_verified
     from stages.log import LogError
 
     if log is not None and not log.is_dir():
         raise fail(f"{log}: no tuning log there (a directory of Parquet parts); run `tunaflow tune` first")
     notes: list[str] = []
     try:
-        manifest = build_library(graph, target, output, threads, log, on_fallback=notes.append)
+        manifest, verification = build_verified(model, graph, target, output, threads, log,
+                                                on_fallback=notes.append, verify=verify)
     except (BuildError, LogError) as exc:
         raise fail(str(exc)) from exc
     if notes and not quiet:
         err.print(f"[yellow]{notes[0]}[/]", highlight=False)
-    return manifest, (notes[0] if notes else None)
+    return manifest, (notes[0] if notes else None), verification
 
 
-def build_summary(manifest, output: Path) -> dict:
+def build_summary(manifest, output: Path, verification=None) -> dict:
+    """What `build` and `tune` report; `verification` is the build's self-check (None: built without one)."""
     kinds: dict[str, int] = {}
     templates: dict[str, int] = {}  # anchors per implementation: which ran Winograd, which the direct kernel
     for op in manifest.ops:
@@ -67,7 +74,8 @@ def build_summary(manifest, output: Path) -> dict:
             "log_digest": manifest.log_digest, "workspace_bytes": manifest.workspace_bytes,
             "naive_workspace_bytes": manifest.naive_workspace_bytes, "weights_bytes": manifest.weights_bytes,
             "build_s": round(manifest.build_s, 2),
-            "padded_hand_offs": sum(1 for op in manifest.ops if op.layout and "x padded" in op.layout)}
+            "padded_hand_offs": sum(1 for op in manifest.ops if op.layout and "x padded" in op.layout),
+            "verify": verification.summary() if verification is not None else None}
 
 
 def _print_build(s: dict) -> None:
@@ -79,6 +87,15 @@ def _print_build(s: dict) -> None:
         out.print("kernels  : " + ", ".join(f"{n} x {name}" for name, n in sorted(s["templates"].items())))
     if s["padded_hand_offs"]:
         out.print(f"layout   : {s['padded_hand_offs']} conv input(s) written padded by the op before (no pack)")
+    v = s["verify"]
+    if v is None:
+        return
+    if v["status"] == "passed":
+        out.print(f"verified : matches {v['reference']} on seeded random inputs (worst output off by "
+                  f"{v['max_error']:.1e} of its max abs; {v['verify_s']:.2f} s, "
+                  f"{v['verify_s'] / max(s['build_s'], 1e-9):.0%} of the build)")
+    else:
+        out.print(f"[yellow]not verified: {v['reason']}[/]")
 
 
 def build(
@@ -89,14 +106,17 @@ def build(
     target: TargetOpt = "host",
     input_shape: ShapeOpt = None,
     json_out: JsonOpt = False,
+    verify: VerifyOpt = True,
 ) -> None:
-    """Build MODEL into one shared library: tuned kernels where the log has them, defaults elsewhere.
+    """Build MODEL into one shared library: tuned kernels where the log has them, defaults elsewhere; then
+    check it against the ONNX model (OUT is only written when it matches).
 
     Example: tunaflow build model.onnx --log runs/cnn/log -o runs/cnn/lib
     """
     graph = _graph(model, input_shape)
-    manifest, fallback = _build(graph, _target(target), output, threads, log, quiet=json_out)
-    summary = build_summary(manifest, output) | {"fallback": fallback}
+    manifest, fallback, verification = _build(model, graph, _target(target), output, threads, log, quiet=json_out,
+                                              verify=verify)
+    summary = build_summary(manifest, output, verification) | {"fallback": fallback}
     if json_out:
         print(json.dumps(summary))
     else:
@@ -222,8 +242,9 @@ def tune(
     key: DeviceKeyOpt = None,
     tracker: TrackerOpt = "127.0.0.1:9190",
     token_file: TokenFile = None,
+    verify: VerifyOpt = True,
 ) -> None:
-    """Extract MODEL's tasks, tune each one, then build the library (resumable from LOG).
+    """Extract MODEL's tasks, tune each one, then build the library and check it (resumable from LOG).
 
     Example: tunaflow tune model.onnx --trials 32 --log runs/cnn/log -o runs/cnn/lib
     """
@@ -244,7 +265,8 @@ def tune(
 
     if scheduler not in SCHEDULERS:
         raise fail(f"unknown scheduler {scheduler!r}; choose from {sorted(SCHEDULERS)}")
-    result = tune_model(model, tgt, options, log, output, input_shape, prefect, quiet=json_out, scheduler=scheduler)
+    result = tune_model(model, tgt, options, log, output, input_shape, prefect, quiet=json_out, scheduler=scheduler,
+                        verify=verify)
     if json_out:
         print(json.dumps(result))
     else:
@@ -252,7 +274,8 @@ def tune(
 
 
 def tune_model(model: Path, target, options, log: Path, output: Path, input_shape: list[str] | None,
-               prefect: bool, quiet: bool, charts_dir: Path | None = None, scheduler: str = "gradient") -> dict:
+               prefect: bool, quiet: bool, charts_dir: Path | None = None, scheduler: str = "gradient",
+               verify: bool = True) -> dict:
     """Extract → tune → build → charts, through the Prefect flow or directly; a JSON-able report."""
     from stages.log import LogError, TuningLog
 
@@ -262,6 +285,7 @@ def tune_model(model: Path, target, options, log: Path, output: Path, input_shap
         raise fail(str(exc)) from exc
     charts_dir = charts_dir or output / "charts"
     if prefect:
+        from stages.build.library import BuildError
         from stages.extract import ModelError, parse_input_shapes
 
         prefect_env()
@@ -270,11 +294,11 @@ def tune_model(model: Path, target, options, log: Path, output: Path, input_shap
         try:
             shapes = parse_input_shapes(input_shape)
             r = flow(str(model), target.to_string() if target.name != "host" else "host", options, str(log),
-                     str(output), shapes, str(charts_dir), scheduler, progress=not quiet)
-        except ModelError as exc:
+                     str(output), shapes, str(charts_dir), scheduler, progress=not quiet, verify=verify)
+        except (ModelError, BuildError) as exc:
             raise fail(str(exc)) from exc
-        tasks, summaries, manifest, fallback, charts = (r[k] for k in ("tasks", "summaries", "manifest", "fallback",
-                                                                        "charts"))
+        tasks, summaries, manifest, fallback, verification, charts = (
+            r[k] for k in ("tasks", "summaries", "manifest", "fallback", "verification", "charts"))
     else:
         from stages.build.tune_all import tunable, tune_tasks
         from stages.graph.tasks import extract_tasks
@@ -291,7 +315,8 @@ def tune_model(model: Path, target, options, log: Path, output: Path, input_shap
             summaries = tune_tasks([t.task for t in tasks], [t.weight for t in tasks], target, options,
                                    TuningLog(log), options.n_trials, scheduler,
                                    (lambda t: [] if quiet else [view.observer(t.description)]))
-        manifest, fallback = _build(graph, target, output, options.measure.threads, log, quiet=True)
+        manifest, fallback, verification = _build(model, graph, target, output, options.measure.threads, log,
+                                                  quiet=True, verify=verify)
         charts = [str(p) for p in log_charts(TuningLog(log), charts_dir, target.key, options.measure.threads)]
     if fallback and not quiet:
         err.print(f"[yellow]{fallback}[/]", highlight=False)
@@ -302,7 +327,7 @@ def tune_model(model: Path, target, options, log: Path, output: Path, input_shap
                    "trials": s.trials, "new_trials": s.new_trials, "best_gflops": round(s.best_gflops, 2),
                    "errors": s.errors, "built": t.task.signature in built}
                   for t, s in zip(tasks, summaries, strict=True)],
-        **build_summary(manifest, output),
+        **build_summary(manifest, output, verification),
     }
 
 
