@@ -2,7 +2,9 @@
 
 For each tuning task, the best error-free record for (task signature, target key, threads)
 in the log wins; a task with no such record (or whose recorded knobs the current template
-no longer accepts) gets the template's default schedule, and the caller is told which.
+no longer accepts) gets the template's default schedule, and the caller is told which. A task
+the template has no schedule for at all (`NoValidConfig`) gets none: the build runs the generic
+kernel and says why.
 """
 
 from __future__ import annotations
@@ -16,12 +18,13 @@ from schemas.task import TuningTask
 from stages.log import TuningLog
 from stages.log.store import rank_key
 from stages.templates import alternatives, template_for
+from stages.templates.space import NoValidConfig
 
 
 @dataclass(frozen=True)
 class Choice:
     task: TuningTask
-    config: Config
+    config: Config | None  # None: the template has no schedule for the task (`why_default` says why)
     record: TuningRecord | None
     why_default: str = ""
 
@@ -61,7 +64,10 @@ def choose(tasks: list[TuningTask], log: TuningLog | None, target: Target, threa
                 break
             why = f"no record the template accepts ({reason})"
         else:
-            choices[task.signature] = Choice(task, tpl.default_config(task, target), None, why)
+            try:
+                choices[task.signature] = Choice(task, tpl.default_config(task, target), None, why)
+            except NoValidConfig as exc:
+                choices[task.signature] = Choice(task, None, None, str(exc))
     return choices
 
 

@@ -96,7 +96,7 @@ def build_library(graph: Graph, target: Target, out: Path, threads: int = 1, log
             raise BuildError(f"graph output {v.name!r} is a graph input or a constant; nothing computes it")
     module = ir.Module(name="tf_model")
     module.triple = target.triple
-    halo = plan_halos(graph, choices)
+    halo = plan_halos(graph, {s: c for s, c in choices.items() if c.config is not None})
     low = _lower(graph, module, choices, target, threads, halo)
     calls, constants = low.calls, low.constants
     message = _fallbacks(choices, low.generic)
@@ -167,16 +167,16 @@ def _lower(graph: Graph, module: ir.Module, choices: dict[str, Choice], target: 
     for idx, node in enumerate(graph.nodes):
         symbol = f"tf_op{idx}"
         anchor = None
-        if node.task is not None and node.task.op in TEMPLATES:
+        choice = choices.get(node.task.signature) if node.task is not None else None
+        if choice is not None and choice.config is not None:
             try:
-                anchor = _anchor(graph, node, choices[node.task.signature], target, threads, symbol,
-                                 halo.halos.get(node.name))
+                anchor = _anchor(graph, node, choice, target, threads, symbol, halo.halos.get(node.name))
             except _RunTimeOperand as exc:
                 if node.name in halo.halos:
                     raise BuildError(f"node {node.name!r}: planned a padded hand-off, but {exc}") from exc
                 low.generic[node.task.description] = str(exc)
         elif node.task is not None:
-            low.generic[node.task.description] = f"no template for {node.task.op}"
+            low.generic[node.task.description] = choice.why_default if choice else f"no template for {node.task.op}"
         if anchor is not None:
             slots, packed, obj = anchor
             low.constants.update(packed)

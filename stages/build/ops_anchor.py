@@ -22,6 +22,8 @@ GENERIC_OPS = frozenset({"matmul", "dense", "batch_matmul"})
 
 def generic_anchor(ctx: OpCtx) -> None:
     task = ctx.node.task
+    if task.op not in GENERIC_OPS:
+        raise ctx.unsupported(f"no generic kernel for {task.description}")
     xs, ws = task.inputs[0].shape, task.inputs[1].shape
     m, k = xs[-2], xs[-1]
     if task.op == "dense":

@@ -77,7 +77,7 @@ def space(task: TuningTask, target: Target) -> ConfigSpace:
 
 
 def default_config(task: TuningTask, target: Target) -> Config:
-    return default_gemm(*dims(task), target, batch=len(batch_offsets(task)))
+    return default_gemm(*dims(task), target, batch=len(batch_offsets(task)), what=task.description)
 
 
 def make_inputs(task: TuningTask, seed: int = 0) -> list[np.ndarray]:

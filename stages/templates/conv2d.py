@@ -21,7 +21,7 @@ from stages.templates import epilogue
 from stages.templates.conv2d_kernel import Plan, build
 from stages.templates.conv2d_shape import conv2d_task, geom, parse_pads, parse_pair
 from stages.templates.conv2d_shape import reference as _reference
-from stages.templates.space import ConfigSpace, Knob, Knobs
+from stages.templates.space import ConfigSpace, Knob, Knobs, first_valid
 
 NAME = "conv2d"
 VERSION = 5  # 2: input packed in 2-D stride phases, knob `flat`; 3: knob `axis`; 4: equal channel-vector tiles;
@@ -158,15 +158,19 @@ def default_config(task: TuningTask, target: Target) -> Config:
     (channel blocks of whole groups for grouped convs). On 16-lane targets, a dense packed conv
     with enough input channels puts output channels on the lanes instead (`axis=oc`, all input
     channels in one block, tile from `_oc_tile`): unlike column tiles it wastes no lanes on
-    28-wide outputs."""
+    28-wide outputs. Each choice is checked by the space's rule and falls back to the next (column
+    vectors when no channel block holds every input channel, then the smallest tile, which every
+    conv accepts: one channel, one 4-lane vector, no blocking or unrolling)."""
     g = geom(task)
-    sp = space(task, target)
     regs, lanes = target.vector_registers, target.vector_lanes
+    tiles: list[tuple[str, int, int, int, int, int]] = []  # (axis, vw, mr, nw, rh, flat), preferred first
+    oc_tile = _oc_tile(task, target) if lanes >= 16 and g.groups == 1 and not g.is_1x1_gemm \
+        and g.icg >= OC_AXIS_MIN_IC and g.oc >= lanes else None
+    if oc_tile is not None:
+        tiles.append(("oc", *oc_tile))
     best: tuple | None = None
-    probe: Knobs = {"vw": lanes, "mr": 1, "nw": 1, "rh": 1, "icb": 1, "order": "chw", "unroll": 0, "uk": 1,
-                         "ocn": 1, "par": "oc", "flat": 0, "axis": "w"}
     for flat in FLAT:
-        p = plan(task, {**probe, "flat": flat})
+        p = plan(task, {**PROBE, "vw": lanes, "flat": flat})
         out_h, out_w = p.out_h, p.out_w
         for vw in (v for v in VW if v in (lanes, lanes // 2)):
             for nw in (n for n in NW if (n - 1) * vw < out_w):
@@ -181,38 +185,43 @@ def default_config(task: TuningTask, target: Target) -> Config:
                     fill = min(1.0, mr * nv / 24)
                     score = (round(lane_eff * fill, 2), -abs(mr - nv), nw, vw)
                     if best is None or score > best[0]:
-                        best = (score, vw, nw, rh, mr, flat, out_h, out_w)
-    assert best is not None, f"no register tile fits {task.description}"
-    _, vw, nw, rh, mr, flat, out_h, out_w = best
-    axis = "oc" if lanes >= 16 and g.groups == 1 and not g.is_1x1_gemm and g.icg >= OC_AXIS_MIN_IC \
-        and g.oc >= lanes else "w"
-    if axis == "oc":
-        vw, mr, nw, rh, flat = _oc_tile(task, target, probe)
-        p = plan(task, {**probe, "vw": vw, "mr": mr, "nw": nw, "rh": rh, "flat": flat, "axis": "oc"})
-        out_h, out_w = p.out_h, p.out_w
+                        best = (score, ("w", vw, mr, nw, rh, flat))
+    if best is not None:
+        tiles.append(best[1])
+    candidates = [{**_blocking(task, target, *tile), "unroll": unroll, "uk": uk} for tile in tiles
+                  for unroll, uk in ((0, 1),) * (tile[0] == "oc") + ((1, 1), (2, 1), (0, 1), (0, 2), (0, 4))]
+    return first_valid(space(task, target), [*candidates, PROBE], f"{task.description} on {target.name}")
+
+
+PROBE: Knobs = {"vw": VW[0], "mr": 1, "nw": 1, "rh": 1, "icb": 1, "order": "chw", "unroll": 0, "uk": 1, "ocn": 1,
+                "par": "oc", "flat": 0, "axis": "w"}  # the smallest tile: every rule of `space` accepts it
+
+
+def _blocking(task: TuningTask, target: Target, axis: str, vw: int, mr: int, nw: int, rh: int, flat: int) -> Knobs:
+    """The cache blocks and parallel axis of a register tile: `icb` (the input slab of a column tile
+    in a quarter of L2, half of L1 for a GEMM; every channel for channel vectors), `ocn` (a channel
+    block's weights in half of L2) and `par` (the axis with more items, at least PAR_ITEMS channel
+    blocks when it can; blocks of whole groups for grouped convs)."""
+    g = geom(task)
+    p = plan(task, {**PROBE, "vw": vw, "mr": mr, "nw": nw, "rh": rh, "flat": flat, "axis": axis})
     window_in = ((rh - 1) * g.sh + (g.kh - 1) * g.dh + 1) * (nw * vw * g.sw + (g.kw - 1) * g.dw)
     slab = target.l1_bytes // 2 if g.is_1x1_gemm else target.l2_bytes // 4  # a packed slab streams from L2 anyway
-    icb = _fit(ICB, max(1, slab // (4 * window_in)) if axis == "w" else g.icg, g.icg)
+    icb = _fit(ICB, max(1, slab // (4 * window_in)) if axis == "w" else ICB[-1], g.icg)
     tiles = -(-g.oc // mr)
     ocn = _fit(OCN, max(1, target.l2_bytes // 2 // (4 * mr * icb * g.kh * g.kw)), tiles)
-    oh_items = -(-out_w // (nw * vw)) if flat and not g.is_1x1_gemm else -(-out_h // rh)  # grid column tiles
+    oh_items = -(-p.out_w // (nw * vw)) if flat and not g.is_1x1_gemm else -(-p.out_h // rh)  # grid column tiles
     par = "oc" if -(-tiles // ocn) >= oh_items else "oh"
     while par == "oc" and ocn > 1 and -(-tiles // ocn) < PAR_ITEMS:  # enough items to balance the cores
         ocn //= 2
     if g.groups > 1 and not g.is_1x1_gemm:  # blocks of whole groups: each thread packs only its own planes
-        ocn = min(c for c in OCN if (c * mr) % g.ocg == 0 or c >= tiles)
+        ocn = min((c for c in OCN if (c * mr) % g.ocg == 0 or c >= tiles), default=ocn)
         par = "oc"
-    knobs: Knobs = {"vw": vw, "mr": mr, "nw": nw, "rh": rh, "icb": icb, "order": "chw", "unroll": 1, "uk": 1,
-                    "ocn": ocn, "par": par, "flat": flat, "axis": axis}
-    for unroll, uk in ((0, 1),) * (axis == "oc") + ((1, 1), (2, 1), (0, 1), (0, 2), (0, 4)):
-        knobs.update(unroll=unroll, uk=uk)
-        if sp.reason(knobs) is None:
-            break
-    return sp.from_knobs(knobs)
+    return {"vw": vw, "mr": mr, "nw": nw, "rh": rh, "icb": icb, "order": "chw", "unroll": 1, "uk": 1,
+            "ocn": ocn, "par": par, "flat": flat, "axis": axis}
 
 
-def _oc_tile(task: TuningTask, target: Target, probe: Knobs) -> tuple[int, int, int, int, int]:
-    """The channel-vector tile (vw, mr, nw, rh, flat) that computes the fewest outputs for nothing
+def _oc_tile(task: TuningTask, target: Target) -> tuple[int, int, int, int, int] | None:
+    """The channel-vector tile (vw, mr, nw, rh, flat), if any fits, that computes the fewest outputs for nothing
     and keeps about 24-28 accumulators, with one channel vector where that suffices: on ResNet's 3x3
     layers 16 channels x 2 rows x 14 pixels measured 0.99-1.11x onnxruntime, 32 channels x 14
     pixels (fewer loads per FMA) 0.93-1.05x, 16 x 16 grid pixels (the previous default) 0.86-1.08x."""
@@ -222,8 +231,8 @@ def _oc_tile(task: TuningTask, target: Target, probe: Knobs) -> tuple[int, int, 
     for flat in FLAT:
         for nw in (1, 2):
             for rh in RH if not flat else (1,):
-                for mr in (m for m in MR if m % lanes == 0 and m < g.oc + lanes):
-                    p = plan(task, {**probe, "vw": lanes, "mr": mr, "nw": nw, "rh": rh, "flat": flat, "axis": "oc"})
+                for mr in (m for m in MR if m % lanes == 0 and m <= g.oc):
+                    p = plan(task, {**PROBE, "vw": lanes, "mr": mr, "nw": nw, "rh": rh, "flat": flat, "axis": "oc"})
                     if p.pixels(nw - 1) == 0 or rh > g.oh or p.accumulators + mr // lanes + 1 > regs:
                         continue
                     computed = -(-g.oc // mr) * mr * -(-p.out_h // rh) * rh * p.w_tiles * p.tile_w
@@ -233,8 +242,7 @@ def _oc_tile(task: TuningTask, target: Target, probe: Knobs) -> tuple[int, int, 
                     score = (round(eff * fill, 2), -(mr // lanes), round(intensity, 2), -flat)
                     if best is None or score > best[0]:
                         best = (score, (lanes, mr, nw, rh, flat))
-    assert best is not None, f"no channel-vector tile fits {task.description}"
-    return best[1]
+    return None if best is None else best[1]
 
 
 def _fit(choices: tuple[int, ...], want: int, extent: int) -> int:

@@ -20,7 +20,7 @@ from stages.codegen.harness import add_harness
 from stages.templates.conv2d import make_inputs, reference
 from stages.templates.conv2d import task_from_cli as conv2d_from_cli
 from stages.templates.conv2d_shape import geom
-from stages.templates.space import ConfigSpace, Knob, Knobs
+from stages.templates.space import ConfigSpace, Knob, Knobs, first_valid
 from stages.templates.winograd_kernel import MAX_LANES, G, WinoPlan, build
 
 NAME = "conv2d_winograd"
@@ -84,13 +84,12 @@ def space(task: TuningTask, target: Target) -> ConfigSpace:
 
 def default_config(task: TuningTask, target: Target) -> Config:
     """F(4x4), two tile rows (one when the output has only one), then as many channel vectors as keep
-    16 accumulators: on 16 lanes 8-16 accumulators measured fastest (16x32x32: 21 us; 4 rows, 25)."""
-    sp = space(task, target)
-    for m, rt, nk in ((m, rt, nk) for m in (4, 2) for rt in (2, 1) for nk in (4, 2, 1)):
-        knobs = {"m": m, "rt": rt, "nk": nk, "cu": 1, "pack": "phase"}
-        if plan(task, knobs, target).accumulators <= 16 and sp.reason(knobs) is None:
-            return sp.from_knobs(knobs)
-    raise ValueError(f"no Winograd schedule fits {task.description} on {target.vector_lanes} lanes")
+    16 accumulators: on 16 lanes 8-16 accumulators measured fastest (16x32x32: 21 us; 4 rows, 25). The
+    first of these the space's rule accepts."""
+    shapes = [{"m": m, "rt": rt, "nk": nk, "cu": 1, "pack": "phase"}
+              for m in (4, 2) for rt in (2, 1) for nk in (4, 2, 1)]
+    candidates = [knobs for knobs in shapes if plan(task, knobs, target).accumulators <= 16]
+    return first_valid(space(task, target), candidates, f"{task.description} on {target.name}")
 
 
 def transform_weights(w: np.ndarray, m: int) -> np.ndarray:

@@ -64,7 +64,7 @@ def space(task: TuningTask, target: Target) -> ConfigSpace:
 
 
 def default_config(task: TuningTask, target: Target) -> Config:
-    return default_gemm(*dims(task), target)
+    return default_gemm(*dims(task), target, what=task.description)
 
 
 def make_inputs(task: TuningTask, seed: int = 0) -> list[np.ndarray]:

@@ -11,7 +11,7 @@ from __future__ import annotations
 from schemas.config import Config
 from schemas.target import Target
 from stages.templates.gemm_codegen import PACK_A_LIMIT
-from stages.templates.space import ConfigSpace, Knob, Knobs
+from stages.templates.space import ConfigSpace, Knob, Knobs, first_valid
 
 MR = (1, 2, 3, 4, 5, 6, 7, 8, 10, 12, 14, 16)
 NV = (1, 2, 3, 4)
@@ -58,13 +58,15 @@ def gemm_space(m: int, n: int, k: int, target: Target) -> ConfigSpace:
     return ConfigSpace(knobs=knobs, rule=rule)
 
 
-def default_gemm(m: int, n: int, k: int, target: Target, batch: int = 1) -> Config:
+def default_gemm(m: int, n: int, k: int, target: Target, batch: int = 1, what: str = "") -> Config:
     """BLIS-like heuristic: widest vectors; a register tile wide on N (4 vectors with 32 registers,
     2 with 16) and as many rows as the rest of the register file holds (6x4 of 16 lanes on AVX-512:
     fewer loads per FMA than 14x2); a K block of up to 256 (the B micro-panel streams from L2, the
     A micro-panel stays in L1); the packed A block in half of L2 (mc); the B block in a quarter of L3
     (nc); threads split M when it has tiles enough, else N, in two blocks per core or more (balance);
-    work under SMALL_FLOPS runs on one thread (the pool's handshake costs a few microseconds)."""
+    work under SMALL_FLOPS runs on one thread (the pool's handshake costs a few microseconds). Checked
+    by the space's rule, with fallbacks: less K unrolling, then the smallest schedule (`what` names
+    the task in the error if even that failed)."""
     sp = gemm_space(m, n, k, target)
     vw = target.vector_lanes
     while vw > VW[0] and vw // 2 >= n:
@@ -86,11 +88,13 @@ def default_gemm(m: int, n: int, k: int, target: Target, batch: int = 1) -> Conf
         nc = min(nc, max(c for c in NC if c <= max(1, panels // (2 * cores))))
     knobs: Knobs = {"mr": mr, "nv": nv, "vw": vw, "kc": kc, "mc": mc, "nc": nc, "uk": 4, "order": "jr_ir",
                     "pack_a": int(m > 4 * mr), "par": par}
-    for uk in (4, 2, 1):
-        knobs["uk"] = uk
-        if sp.reason(knobs) is None:
-            break
-    return sp.from_knobs(knobs)
+    candidates = [{**knobs, "uk": uk} for uk in (4, 2, 1)]
+    return first_valid(sp, [*candidates, SMALLEST], f"{what or f'GEMM {m}x{n}x{k}'} on {target.name}")
+
+
+# One row, one 4-lane vector, the smallest blocks, one thread: every rule of `gemm_space` accepts it.
+SMALLEST: Knobs = {"mr": 1, "nv": 1, "vw": VW[0], "kc": KC[0], "mc": 1, "nc": 1, "uk": 1, "order": "jr_ir",
+                   "pack_a": 0, "par": "none"}
 
 
 def _fit(choices: tuple[int, ...], want: int, extent: int) -> int:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 
 from schemas.config import Config
@@ -13,6 +13,10 @@ Knobs = dict[str, int | str]
 
 class InvalidConfig(ValueError):
     """A knob assignment the template cannot generate; the message says why."""
+
+
+class NoValidConfig(ValueError):
+    """A task no default candidate of a template serves; the message names the task and each reason."""
 
 
 @dataclass(frozen=True)
@@ -79,3 +83,16 @@ class ConfigSpace:
 
     def valid_indices(self) -> Iterator[int]:
         return (i for i in range(self.size) if self.is_valid(i))
+
+
+def first_valid(space: ConfigSpace, candidates: Iterable[Knobs], what: str) -> Config:
+    """The first candidate the space's own rule accepts: a default is a list of preferences, so a
+    heuristic that overreaches for one shape falls back instead of handing out a rejected config."""
+    reasons: list[str] = []
+    for knobs in candidates:
+        why = space.reason(knobs)
+        if why is None:
+            return Config(index=space.index_of(knobs), knobs=knobs)
+        reasons.append(why)
+    why = "; ".join(dict.fromkeys(reasons)) or "no candidate"
+    raise NoValidConfig(f"no schedule of the space fits {what}: {why}")

@@ -76,6 +76,7 @@ def tune_op(
         task = template.task_from_cli(given)
         tgt = Target.parse(target)
         spec, tgt = runner_choice(runner, key, tracker, token_file, tgt, target)
+        template.default_config(task, tgt)  # a task the template has no schedule for (NoValidConfig) stops here
         missing = [str(p) for p in transfer_from or [] if not p.is_dir()]
         if missing:
             raise ValueError(f"--transfer-from: no tuning log at {', '.join(missing)}")
