@@ -22,6 +22,7 @@ from onnx import helper, numpy_helper
 from stages.extract.errors import ModelError, UnsupportedOpsError
 from stages.extract.normalize import NORMALIZERS, Ctx
 from stages.extract.shapes import infer
+from stages.extract.weights import has_data
 from stages.graph.ir import Graph, Node, Value
 from stages.graph.reference import OPS
 
@@ -157,6 +158,9 @@ def _opset(proto: onnx.ModelProto) -> int:
 
 
 def _initializer(t: onnx.TensorProto) -> np.ndarray:
+    if not has_data(t):
+        raise ModelError(f"initializer {t.name!r} has no data: the model is weightless (shapes and statistics "
+                         "only); give it weights first with stages.extract.weights.fill_weights")
     try:
         return numpy_helper.to_array(t)
     except (KeyError, TypeError, ValueError) as exc:
