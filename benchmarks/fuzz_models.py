@@ -1,0 +1,88 @@
+"""Differential fuzzing of whole CNN graphs against onnxruntime; writes the `fuzz` section of RESULTS.md.
+
+    flock /tmp/bench.lock .venv/bin/python benchmarks/fuzz_models.py [--cases 1000] [--seed 0] [--jobs 2]
+
+Each case (tests/support/fuzz_graphs.py) is a seeded random CNN, built with default schedules and with a
+log of random valid configs (tests/support/fuzz_check.py), and compared with onnxruntime on 1 thread:
+pass iff max abs error <= 1e-3 x max |reference| on every output. Prints the counts and every failure
+(seed, case, description, error); `make_case(seed, case)` rebuilds any of them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import statistics
+import sys
+import time
+from collections import defaultdict
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "benchmarks"))
+sys.path.insert(0, str(ROOT / "tests"))
+
+from results import replace_section  # noqa: E402
+from support.fuzz_check import STATUSES, Outcome, counts, run_cases  # noqa: E402
+
+COMMAND = "flock /tmp/bench.lock .venv/bin/python benchmarks/fuzz_models.py"
+
+
+def failure_class(o: Outcome) -> str:
+    """A failure's kind with its numbers blanked, so one bug's cases group together."""
+    return f"{o.status}: " + re.sub(r"\d+(\.\d+)?(e[-+]?\d+)?", "N", o.detail)[:160]
+
+
+def report(outcomes: list[Outcome], wall_s: float, args, command: str) -> str:
+    tally = counts(outcomes)
+    failures = [o for o in outcomes if o.status != "pass"]
+    groups: dict[str, list[Outcome]] = defaultdict(list)
+    for o in failures:
+        groups[failure_class(o)].append(o)
+    lines = [f"`{command}` ({time.strftime('%Y-%m-%d')}, {args.jobs} job(s) on 2 cores; a failure rebuilds with "
+             "`make_case(seed, case)` from `tests/support/fuzz_graphs.py`).", "",
+             "| cases | " + " | ".join(STATUSES) + " | median s/case | wall s/case |",
+             "|---" * (len(STATUSES) + 3) + "|",
+             f"| {len(outcomes)} | " + " | ".join(str(tally[s]) for s in STATUSES)
+             + f" | {statistics.median(o.seconds for o in outcomes):.2f} | {wall_s / len(outcomes):.2f} |", "",
+             f"Tuned builds that ran a Winograd twin: {sum(o.winograd > 0 for o in outcomes)}; builds with padded "
+             f"conv hand-offs: {sum(o.halo > 0 for o in outcomes)}; anchors per build: "
+             f"{statistics.mean(o.anchors for o in outcomes):.1f} on average."]
+    if groups:
+        lines += ["", "| failure class | cases | examples (seed:case) |", "|---|---|---|"]
+        for key, members in sorted(groups.items(), key=lambda kv: -len(kv[1])):
+            examples = ", ".join(f"{o.seed}:{o.index}" for o in members[:6])
+            lines.append(f"| `{key.replace('|', '/')}` | {len(members)} | {examples} |")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> list[Outcome]:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--cases", type=int, default=1000)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--jobs", type=int, default=2, help="cases run in parallel, one process each")
+    ap.add_argument("--timeout", type=float, default=300.0, help="seconds before a case counts as a hang")
+    ap.add_argument("--no-write", action="store_true", help="print the section, leave RESULTS.md alone")
+    args = ap.parse_args(argv)
+    start = time.monotonic()
+    outcomes = []
+    for o in run_cases(args.seed, range(args.cases), args.jobs, args.timeout):
+        outcomes.append(o)
+        if o.status != "pass":
+            print(f"{o.status.upper()} seed {o.seed} case {o.index} ({o.seconds:.1f} s): {o.description}\n"
+                  f"    {o.detail}", flush=True)
+        if len(outcomes) % 25 == 0:
+            print(f"[{len(outcomes)}/{args.cases}] {counts(outcomes)} {time.monotonic() - start:.0f} s", flush=True)
+    outcomes.sort(key=lambda o: o.index)
+    command = COMMAND + "".join(f" --{k} {v}" for k, v, d in (("cases", args.cases, 1000), ("seed", args.seed, 0),
+                                                              ("jobs", args.jobs, 2)) if v != d)
+    body = report(outcomes, time.monotonic() - start, args, command)
+    print(body)
+    if not args.no_write:
+        replace_section("fuzz", "Differential fuzzing of whole CNN graphs (`benchmarks/fuzz_models.py`)", body)
+    return outcomes
+
+
+if __name__ == "__main__":
+    main()

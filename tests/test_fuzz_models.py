@@ -1,0 +1,50 @@
+"""Differential fuzzing of whole CNN graphs: a fixed seeded set of random models, each built with default
+schedules and with random valid tuned configs (Winograd twins included), must match onnxruntime.
+`benchmarks/fuzz_models.py` runs the same generator on many more cases."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from onnx import helper
+from support import fuzz_check
+from support.fuzz_check import check, counts, run_cases
+from support.fuzz_graphs import ACTS, make_case
+
+SEED = 20261201
+CASES = 50
+# Blocks and attributes the fixed set must reach, by their words in the case descriptions.
+COVERED = ("res[", "down[", "mb[", "cat[", "se[", "gap", "fc>", "max", "avg", "ceil", "incl", "dw", "+bn", "d2",
+           "s2", "out:", "t1 ", "t2 ") + tuple(f"+{a}" for a in ACTS)
+
+
+def test_cases_are_reproducible_and_described():
+    a, b = make_case(SEED, 3), make_case(SEED, 3)
+    assert a.model.SerializeToString() == b.model.SerializeToString() and a.description == b.description
+    assert np.array_equal(a.feeds["x"], b.feeds["x"])
+    assert make_case(SEED, 4).model.SerializeToString() != a.model.SerializeToString()
+    assert all(len(make_case(SEED, i).description) < 400 for i in range(CASES))
+    text = " ".join(make_case(SEED, i).description for i in range(CASES))
+    assert [w for w in COVERED if w not in text] == []
+
+
+def test_the_checker_sees_a_wrong_output_and_an_unsupported_op(tmp_path, monkeypatch):
+    case = make_case(SEED, 2)
+    want = fuzz_check.reference(case)
+    monkeypatch.setattr(fuzz_check, "reference", lambda c: {k: v * 1.01 for k, v in want.items()})
+    out = check(case, tmp_path / "a")
+    assert out.status == "mismatch" and out.detail.startswith("default: output"), out
+    monkeypatch.undo()
+    case.model.graph.node.append(helper.make_node("Hardmax", [case.model.graph.output[0].name], ["hs"], name="hs"))
+    case.model.graph.output[0].name = "hs"
+    out = check(case, tmp_path / "b")
+    assert out.status == "unsupported" and "Hardmax" in out.detail, out
+
+
+@pytest.mark.filterwarnings("ignore::DeprecationWarning")
+def test_seeded_random_models_match_onnxruntime():
+    outcomes = sorted(run_cases(SEED, range(CASES), jobs=2), key=lambda o: o.index)
+    failed = [f"{o.status} seed {o.seed} case {o.index}: {o.description}\n    {o.detail}"
+              for o in outcomes if o.status != "pass"]
+    assert not failed, f"{counts(outcomes)}\n" + "\n".join(failed)
+    assert sum(o.winograd > 0 for o in outcomes) >= 5 and sum(o.halo > 0 for o in outcomes) >= 5
