@@ -139,6 +139,11 @@ def test_a_correct_build_passes_and_reports_the_check_and_its_cost(model, tmp_pa
     want = ort.InferenceSession(str(model), providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
     np.testing.assert_allclose(load(out)(x), want, rtol=1e-3, atol=1e-4)
 
+    (out / "notes.txt").write_text("mine")  # a rebuild replaces the library's files, nothing else
+    manifest, v = _build(model, out, threads=2)
+    assert v.status == "passed" and load(out).manifest.threads == 2 and (out / "notes.txt").read_text() == "mine"
+    assert _siblings(out) == ["lib"]
+
 
 def test_without_onnxruntime_onnx_reference_evaluator_checks(model, tmp_path, monkeypatch):
     monkeypatch.setitem(sys.modules, "onnxruntime", None)  # import onnxruntime → ImportError
