@@ -210,3 +210,11 @@ def test_without_an_anchor_each_activation_is_one_memory_pass(tmp_path, case):
     nodes, inits, opset = STANDALONE[case]
     g = build_and_compare(tmp_path, model(tmp_path, nodes, inits, (2, 5, 7, 9), opset=opset), (2, 5, 7, 9))
     assert len(g.nodes) == 1 and g.nodes[0].op in ("Swish", "HardSwish", "Gelu")
+
+
+def test_silu_of_a_conv_output_read_elsewhere_is_one_swish_pass_after_the_conv(tmp_path):
+    cn, ci = conv()
+    nodes = [*cn, *silu("c", "y"), helper.make_node("Relu", ["c"], ["z"])]
+    g = build_and_compare(tmp_path, model(tmp_path, nodes, ci, CONV_X, outputs=("y", "z")), CONV_X)
+    assert epilogues(g) == [("conv2d", ["bias"])]
+    assert sorted(n.op for n in g.nodes[1:]) == ["Relu", "Swish"]
