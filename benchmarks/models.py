@@ -101,7 +101,7 @@ def bench_model(name: str, threads: int, budget: int, logs: Path, target: Target
              for got, w in zip(m.run(**feeds).values(), want, strict=True))
     contenders = {"default": lambda: default.run(**feeds), "tuned": lambda: tuned.run(**feeds),
                   "onnxruntime": lambda: ort(feeds)}
-    regimes = {regime: _latencies(compare(contenders, number=40, rounds=ROUNDS, idle_between=regime == "idle"))
+    regimes = {regime: latencies(compare(contenders, number=40, rounds=ROUNDS, idle_between=regime == "idle"))
                for regime in REGIMES}
     bound = peak_bound(default, feeds, flops, peak_gflops)
     kinds = collections.Counter(op.kind for op in tuned_m.ops)
@@ -111,7 +111,7 @@ def bench_model(name: str, threads: int, budget: int, logs: Path, target: Target
             "build_s": default_m.build_s, "bound": bound, "peak": peak_gflops}
 
 
-def _latencies(stats: dict[str, dict]) -> dict:
+def latencies(stats: dict[str, dict]) -> dict:
     return {"ms": {k: v["median_ms"] for k, v in stats.items()},
             "tuned_ort": paired_ratio(stats, "tuned", "onnxruntime"),
             "default_tuned": paired_ratio(stats, "default", "tuned"),

@@ -48,7 +48,7 @@ from stages.build.ops_anchor import GENERIC_OPS, generic_anchor
 from stages.codegen import runtime
 from stages.codegen.compile import GENERATED_OPS_LEVEL, compile_ir
 from stages.codegen.harness import monotonic_clock
-from stages.codegen.irb import F64, VOIDP, i64, intrinsic
+from stages.codegen.irb import F64, I64, VOIDP, i64, intrinsic
 from stages.graph.ir import Graph, Node
 from stages.log import TuningLog
 from stages.templates import TEMPLATES, alternatives, template_for
@@ -316,8 +316,11 @@ def _emit_run(module: ir.Module, calls: list[_Call], graph: Graph, weights: dict
         params = [vpp, vpp, VOIDP, VOIDP] + ([F64.as_pointer()] if timed else [])
         fn = ir.Function(module, ir.FunctionType(ir.VoidType(), params), name=name)
         b = ir.IRBuilder(fn.append_basic_block("entry"))
+        # Denormals as zero while the model runs (runtime.c says why); the caller's mode comes back after.
+        saved = b.call(intrinsic(module, "tf_fp_enter", I64, []), [])
         now = monotonic_clock(b) if timed else None
         _emit_calls(b, fn.args, calls, graph, weights, work, now)
+        b.call(intrinsic(module, "tf_fp_leave", ir.VoidType(), [I64]), [saved])
         b.ret_void()
 
 

@@ -1,0 +1,157 @@
+"""Real CNN exports (data/zoo/, seeded random weights): default build, tuned build, onnxruntime, same run.
+
+Per zoo model and thread count: tune the model's tasks under a global budget of `--trials-per-task`
+x tunable tasks (gradient task scheduler, lgbm tuner; logs kept in --logs so a rerun resumes; in a
+child process, so the tuner's threads never share the cores with the timings), build the default-
+schedule and the tuned library, check both against onnxruntime (max abs error <= 1e-3 x max abs
+reference), then time the three interleaved (rounds x 10 calls; ratios are medians of per-round
+ratios). Writes the `zoo` section of benchmarks/RESULTS.md.
+
+    flock /tmp/bench.lock .venv/bin/python benchmarks/zoo.py [--models resnet50,mobilenet_v2] [--threads 1,2]
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import multiprocessing as mp
+import platform
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+import onnx
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from benchmarks.models import latencies  # noqa: E402
+from benchmarks.results import replace_section  # noqa: E402
+from schemas import MeasureOptions, Target, TuningOptions  # noqa: E402
+from stages.build.library import build_library  # noqa: E402
+from stages.build.tune_all import tunable, tune_tasks  # noqa: E402
+from stages.extract import load_model  # noqa: E402
+from stages.extract.weights import fill_weights  # noqa: E402
+from stages.graph.passes import optimize  # noqa: E402
+from stages.graph.tasks import extract_tasks  # noqa: E402
+from stages.log import TuningLog  # noqa: E402
+from stages.runtime import load  # noqa: E402
+from stages.runtime.compare import compare, onnxruntime_runner, paired_ratio, random_feeds  # noqa: E402
+
+ZOO = ROOT / "data" / "zoo"
+MODELS = ("resnet50", "mobilenet_v2", "efficientnet_b0", "densenet121", "inception_v3")
+ROUNDS = 15
+NUMBER = 10
+
+
+def filled(name: str, work: Path) -> Path:
+    """The zoo graph with seeded random weights, written where onnxruntime and tunaflow both read it."""
+    path = work / f"{name}.onnx"
+    onnx.save(fill_weights(onnx.load(ZOO / f"{name}.onnx"), seed=0), path)
+    return path
+
+
+def matches(got: dict[str, np.ndarray], want: list[np.ndarray]) -> float:
+    """The worst max abs error over max abs reference among the outputs."""
+    return max(float(np.max(np.abs(g.astype(np.float64) - w)) / max(float(np.max(np.abs(w))), 1e-30))
+               for g, w in zip(got.values(), want, strict=True))
+
+
+def bench_model(name: str, threads: int, per_task: int, logs: Path, target: Target, work: Path) -> dict:
+    path = filled(name, work)
+    graph = optimize(load_model(path))
+    extracted = extract_tasks(graph)
+    tasks = [t for t in extracted if tunable([t.task])[0]]
+    budget = per_task * len(tasks)
+    log = logs / f"{name}-t{threads}"
+    before = len(TuningLog(log).records()) if log.exists() else 0
+    start = time.perf_counter()
+    if budget:
+        options = TuningOptions(n_trials=budget, batch_size=8, tuner="lgbm", measure=MeasureOptions(threads=threads))
+        child = mp.get_context("spawn").Process(target=tune_tasks, args=(
+            [t.task for t in tasks], [t.weight for t in tasks], target, options, TuningLog(log), budget))
+        child.start()
+        child.join()
+        if child.exitcode != 0:
+            raise RuntimeError(f"tuning {name} at {threads} thread(s) failed (exit code {child.exitcode})")
+    tune_s = time.perf_counter() - start
+    new = (len(TuningLog(log).records()) if log.exists() else 0) - before
+    default_m = build_library(graph, target, work / f"{name}-t{threads}-default", threads)
+    tuned_m = build_library(graph, target, work / f"{name}-t{threads}-tuned", threads,
+                            log if log.exists() else None)
+    default, tuned = load(work / f"{name}-t{threads}-default"), load(work / f"{name}-t{threads}-tuned")
+    feeds = random_feeds(tuned)
+    ort = onnxruntime_runner(path, threads)
+    want = ort(feeds)
+    errors = {"default": matches(default.run(**feeds), want), "tuned": matches(tuned.run(**feeds), want)}
+    contenders = {"default": lambda: default.run(**feeds), "tuned": lambda: tuned.run(**feeds),
+                  "onnxruntime": lambda: ort(feeds)}
+    raw = compare(contenders, number=NUMBER, rounds=ROUNDS, idle_between=False)
+    return {"model": name, "threads": threads, "tasks": len(tasks), "budget": budget, "new": new,
+            "tune_s": tune_s, "errors": errors, "build_s": default_m.build_s, "tuned_build_s": tuned_m.build_s,
+            **latencies(raw), "default_ort": paired_ratio(raw, "default", "onnxruntime")}
+
+
+def report(rows: list[dict], command: str) -> str:
+    lines = [f"Command: `{command}`", "",
+             f"Machine: {platform.machine()}, CPU `{Target.host().cpu}`, {Target.host().cores} cores. Graphs: "
+             "torchvision exports (`data/zoo/`, `torch.onnx.export` defaults) with seeded random weights "
+             "(`stages.extract.weights.fill_weights`), batch 1. Budget: trials per tunable task x tasks (gradient "
+             "scheduler, lgbm tuner, batches of 8); `tune s` is this run's tuning wall time (a resumed log tunes "
+             f"only what its budget still allows). Latency: median of {ROUNDS * NUMBER} calls, the three "
+             f"interleaved in {ROUNDS} rounds of {NUMBER} back to back; ratios tuned/ort and default/tuned are "
+             "medians of per-round ratios [quartiles]. `error`: max abs error / max abs onnxruntime output, "
+             "default and tuned build (goal <= 1e-3).", "",
+             "| model | threads | tasks | trials | tune s | default ms | tuned ms | onnxruntime ms | default/ort | "
+             "tuned/ort | default/tuned | error |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        ms = r["ms"]
+        lines.append(f"| {r['model']} | {r['threads']} | {r['tasks']} | {r['budget']} ({r['new']} new) | "
+                     f"{r['tune_s']:.0f} | {ms['default']:.2f} | {ms['tuned']:.2f} | {ms['onnxruntime']:.2f} | "
+                     f"{r['default_ort']:.2f}x | {_ratio(r, 'tuned_ort')} | {_ratio(r, 'default_tuned')} | "
+                     f"{r['errors']['default']:.1e} / {r['errors']['tuned']:.1e} |")
+    lines.append("")
+    for threads in sorted({r["threads"] for r in rows}):
+        sub = [r for r in rows if r["threads"] == threads]
+        gm = math.exp(sum(math.log(r["tuned_ort"]) for r in sub) / len(sub))
+        gd = math.exp(sum(math.log(r["default_ort"]) for r in sub) / len(sub))
+        lines.append(f"- {threads} thread(s): geometric mean tuned/onnxruntime {gm:.2f}x, default/onnxruntime "
+                     f"{gd:.2f}x over {len(sub)} models; worst tuned {max(r['tuned_ort'] for r in sub):.2f}x.")
+    lines += ["", "Goals (issue 20): tuned/onnxruntime <= 0.80 as a geometric mean at each thread count, no model "
+              "above 0.95; default build <= 1.10 on each."]
+    return "\n".join(lines)
+
+
+def _ratio(r: dict, key: str) -> str:
+    lo, hi = r["quartiles"][key]
+    return f"{r[key]:.2f}x [{lo:.2f}-{hi:.2f}]"
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--models", default=",".join(MODELS))
+    ap.add_argument("--threads", default="1,2")
+    ap.add_argument("--trials-per-task", type=int, default=24, help="global budget = this x tunable tasks (0: none)")
+    ap.add_argument("--logs", type=Path, default=ROOT / "runs" / "bench-zoo", help="tuning logs (resumed)")
+    ap.add_argument("--no-write", action="store_true", help="print, do not update RESULTS.md")
+    args = ap.parse_args()
+    target = Target.host()
+    rows = []
+    with tempfile.TemporaryDirectory(prefix="tf-bench-zoo-") as tmp:
+        for name in args.models.split(","):
+            for threads in (int(t) for t in args.threads.split(",")):
+                row = bench_model(name, threads, args.trials_per_task, args.logs, target, Path(tmp))
+                print(row, flush=True)
+                rows.append(row)
+    command = "flock /tmp/bench.lock .venv/bin/python benchmarks/zoo.py " + " ".join(sys.argv[1:])
+    text = report(rows, command.strip())
+    print(text)
+    if not args.no_write:
+        replace_section("zoo", "Real CNN exports: default build, tuned build, onnxruntime (`benchmarks/zoo.py`)", text)
+
+
+if __name__ == "__main__":
+    main()
