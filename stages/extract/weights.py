@@ -6,8 +6,8 @@ can be committed (data/zoo/). Non-float initializers (Reshape shapes, axes, indi
 scalars (Clip bounds) are structure, not weights: they are kept verbatim.
 
 `fill_weights` draws each stripped tensor back from its statistics: uniform on [min, max] when the
-spread says the original was uniform, else normal(mean, std) clipped to [min, max] (so a tensor
-that was positive stays positive). The original initialisation's scale is what keeps activations
+spread says the original was uniform, else normal with the sample's mean and std set to the
+recorded ones, clipped to [min, max] (so a tensor that was positive stays positive). The original initialisation's scale is what keeps activations
 from exploding or vanishing through 50-120 layers, and matching its statistics keeps that scale.
 A constant tensor (std 0) stays constant, except BatchNormalization's parameters: a freshly built
 network records them as 1/0/0/1 (an identity), which would test nothing, so they get a mild
@@ -109,4 +109,7 @@ def _draw(rng: np.random.Generator, shape: tuple[int, ...], s: dict[str, float],
         return base
     if abs((hi - lo) / math.sqrt(12) - std) <= _UNIFORM_TOLERANCE * std:
         return rng.uniform(lo, hi, shape)
-    return np.clip(rng.normal(mean, std, shape), lo, hi)
+    z = rng.standard_normal(shape)
+    if z.size > 1:  # exactly the recorded mean and std before clipping, even for a 64-channel bias
+        z = (z - z.mean()) / z.std()
+    return np.clip(mean + std * z, lo, hi)
