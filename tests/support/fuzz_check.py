@@ -79,7 +79,8 @@ def random_log(graph, target, threads: int, rng: np.random.Generator, path: Path
             task_signature=task.signature, task=task, template_version=tpl.VERSION, threads=threads,
             config=Config(index=int(config.index), knobs=config.knobs), result=MeasureResult(costs=(cost,)),
             gflops=task.flops / cost / 1e9))
-    TuningLog(path).append(records)
+    if records:
+        TuningLog(path).append(records)
     return len(records)
 
 
@@ -112,7 +113,8 @@ def check(case: Case, workdir: Path) -> Outcome:
             log = None
             if schedule == "tuned":
                 log = workdir / "log"
-                random_log(graph, target, case.threads, np.random.default_rng([case.seed, case.index, 1]), log)
+                if not random_log(graph, target, case.threads, np.random.default_rng([case.seed, case.index, 1]), log):
+                    break  # no anchor: the tuned build would be the default one
             out = workdir / schedule
             manifest = build_library(graph, target, out, case.threads, log)
             anchors = [op for op in manifest.ops if op.task is not None]
