@@ -154,6 +154,19 @@ def test_without_onnxruntime_onnx_reference_evaluator_checks(model, tmp_path, mo
         _build(model, tmp_path / "bad")
 
 
+def test_a_reference_that_cannot_run_the_model_fails_the_build_clearly(model, tmp_path, monkeypatch):
+    import onnxruntime
+
+    def refuse(*args, **kw):
+        raise onnxruntime.capi.onnxruntime_pybind11_state.NotImplemented("no kernel for op Foo")
+
+    monkeypatch.setattr(onnxruntime, "InferenceSession", refuse)
+    with pytest.raises(VerifyError, match=f"the reference could not run {model} to check the library: "
+                                          "NotImplemented: no kernel for op Foo\n.* has no library written"):
+        _build(model, tmp_path / "lib")
+    assert not (tmp_path / "lib").exists()
+
+
 def test_no_verify_skips_the_check(model, tmp_path, broken_conv_b):
     _, v = _build(model, tmp_path / "lib", verify=False)
     assert v.status == "skipped" and v.reason == "--no-verify" and v.reference is None and v.verify_s == 0

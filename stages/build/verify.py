@@ -116,8 +116,12 @@ def check(model: Path, graph: Graph, target: Target, library: Path, threads: int
     """Run the library in `library` and the ONNX model on the same seeded inputs; VerifyError on a mismatch."""
     start = time.perf_counter()
     feeds = random_feeds(graph)
-    name, reference = reference_runner(str(model), threads)
-    want = reference(feeds, [v.name for v in graph.outputs])
+    try:
+        name, reference = reference_runner(str(model), threads)
+        want = reference(feeds, [v.name for v in graph.outputs])
+    except Exception as exc:  # onnxruntime's errors derive from Exception alone
+        raise VerifyError(f"the reference could not run {model} to check the library: {type(exc).__name__}: "
+                          f"{exc}") from exc
     got = load(library).run(**feeds)
     errors = {v.name: relative_error(got[v.name], want[v.name]) for v in graph.outputs}
     bad = [k for k, e in errors.items() if not e <= REL_TOL]
@@ -195,8 +199,11 @@ def locate(model: Path, graph: Graph, target: Target, threads: int, log: Path | 
     onnx_names = {o for n in proto.graph.node for o in n.output if o}
     finals = [v.name for v in graph.outputs]
     names = list(dict.fromkeys([*finals, *(o for o in computed if o in onnx_names)]))
-    ref_name, reference = reference_runner(_with_outputs(proto, names), threads)
-    want = reference(feeds, names)
+    try:
+        ref_name, reference = reference_runner(_with_outputs(proto, names), threads)
+        want = reference(feeds, names)
+    except Exception as exc:  # as in `check`
+        return f"The reference could not run the model with its intermediate tensors as outputs: {exc}"
 
     builds: dict[int, tuple[dict[str, np.ndarray], Manifest]] = {}
 
