@@ -7,11 +7,18 @@ scalars (Clip bounds) are structure, not weights: they are kept verbatim.
 
 `fill_weights` draws each stripped tensor back from its statistics: uniform on [min, max] when the
 spread says the original was uniform, else normal with the sample's mean and std set to the
-recorded ones, clipped to [min, max] (so a tensor that was positive stays positive). The original initialisation's scale is what keeps activations
-from exploding or vanishing through 50-120 layers, and matching its statistics keeps that scale.
-A constant tensor (std 0) stays constant, except BatchNormalization's parameters: a freshly built
-network records them as 1/0/0/1 (an identity), which would test nothing, so they get a mild
-per-channel spread around those values (variances scaled by 0.5-1.5, so they stay positive).
+recorded ones, clipped to [min, max] (so a tensor that was positive stays positive). Each draw
+depends on the seed and the tensor's name only.
+
+Activations keep the scale the statistics carry, so they must come from a network whose scale is
+sane: a freshly built torchvision CNN's BatchNorms are identities (1, 0, 0, 1), and without them
+MobileNetV2's output fell to 1e-9 and Inception-v3's rose to 1e12; data/zoo/export.py measures
+them on random images first. Redrawn independently, weights lose their per-channel match with the
+BatchNorm they were measured with (folded into them or not), so activations still drift, but
+within about 0.05..1e4 over the zoo's 50-120 layers. A constant tensor (std 0) stays constant,
+except BatchNormalization's parameters, which a fresh network (or the scale and shift of one with
+measured statistics) records as constants that would test nothing: they get a mild per-channel
+spread (scale x 0.8-1.2, variance x 0.5-1.5 so it stays positive, shift and mean + N(0, 0.1)).
 
 Only onnx and numpy: the export script (data/zoo/export.py) loads this file from the export venv.
 """
