@@ -221,6 +221,18 @@ def test_library_kernels_leave_out_the_tuners_timing_harness(tmp_path, host):
                                np.maximum(feeds["x"] @ graph.constants["w"], 0), rtol=1e-5)
 
 
+def test_identical_anchor_kernels_are_compiled_once_and_each_reads_its_own_weights(tmp_path, host):
+    g = _G(x=_const((16, 32)))
+    y = g.add("MatMul", ["x", g.const("w1", _const((32, 32)))], task=matmul_task(16, 32, 32))
+    z = g.add("MatMul", [g.add("Relu", [y]), g.const("w2", _const((32, 32)))], task=matmul_task(16, 32, 32))
+    graph = g.graph([z])
+    build_library(graph, host, tmp_path / "lib")
+    so = (tmp_path / "lib" / "model.so").read_bytes()
+    assert b"tf_op0_main" in so and b"tf_op2_main" not in so
+    want = np.maximum(g.env["x"] @ graph.constants["w1"], 0) @ graph.constants["w2"]
+    np.testing.assert_allclose(load(tmp_path / "lib").run(x=g.env["x"])[z], want, rtol=1e-4, atol=1e-5)
+
+
 def test_apply_best_takes_the_fastest_accepted_record_and_says_who_fell_back(tmp_path, host):
     graph, feeds = _mm_graph()
     task = graph.nodes[0].task

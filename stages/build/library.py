@@ -158,6 +158,7 @@ class _Lowered:
     constants: dict[str, np.ndarray] = field(default_factory=dict)
     root: dict[str, str] = field(default_factory=dict)  # alias output → the tensor whose buffer it is
     generic: dict[str, str] = field(default_factory=dict)  # task description → why it runs the generic kernel
+    kernels: dict[str, str] = field(default_factory=dict)  # anchor kernel IR → the symbol it was compiled as
 
 
 def _lower(graph: Graph, module: ir.Module, choices: dict[str, Choice], target: Target, threads: int,
@@ -170,7 +171,7 @@ def _lower(graph: Graph, module: ir.Module, choices: dict[str, Choice], target: 
         choice = choices.get(node.task.signature) if node.task is not None else None
         if choice is not None and choice.config is not None:
             try:
-                anchor = _anchor(graph, node, choice, target, threads, symbol, halo.halos.get(node.name))
+                anchor = _anchor(graph, node, choice, target, threads, symbol, low.kernels, halo.halos.get(node.name))
             except _RunTimeOperand as exc:
                 if node.name in halo.halos:
                     raise BuildError(f"node {node.name!r}: planned a padded hand-off, but {exc}") from exc
@@ -178,9 +179,10 @@ def _lower(graph: Graph, module: ir.Module, choices: dict[str, Choice], target: 
         elif node.task is not None:
             low.generic[node.task.description] = choice.why_default if choice else f"no template for {node.task.op}"
         if anchor is not None:
-            slots, packed, obj = anchor
+            slots, packed, obj, symbol = anchor
             low.constants.update(packed)
-            low.objects.append(obj)
+            if obj is not None:
+                low.objects.append(obj)
             low.calls.append(_Call(node, symbol, slots, anchor=True))
             low.infos.append(_anchor_info(node, choices[node.task.signature], halo.halos.get(node.name)))
         elif node.op in ALIASES and node.outputs[0] not in outputs:
@@ -202,9 +204,12 @@ def _lower(graph: Graph, module: ir.Module, choices: dict[str, Choice], target: 
 
 
 def _anchor(graph: Graph, node: Node, choice: Choice, target: Target, threads: int, symbol: str,
-            halo: Halo | None = None) -> tuple[list[str], dict[str, np.ndarray], bytes]:
-    """Slots, packed weights and the compiled object of one anchor kernel (`halo`: a conv2d's
-    padded X / Y layout, see `stages/build/halo.py`)."""
+            kernels: dict[str, str], halo: Halo | None = None) \
+        -> tuple[list[str], dict[str, np.ndarray], bytes | None, str]:
+    """Slots, packed weights, the compiled object of one anchor kernel and its symbol (`halo`: a conv2d's
+    padded X / Y layout, see `stages/build/halo.py`). A kernel whose IR an earlier anchor already compiled
+    (`kernels`) is called under that anchor's symbol with no new object: identical tasks on the same
+    schedule are common (DenseNet-121: 121 anchors, 67 tasks) and LLVM's codegen is most of a build."""
     task, knobs = node.task, dict(choice.config.knobs)
     tpl = template_for(task)
     layout = {} if halo is None else {"halo": halo}
@@ -243,11 +248,14 @@ def _anchor(graph: Graph, node: Node, choice: Choice, target: Target, threads: i
     text = str(tpl.build_ir(task, knobs, target, threads, **layout))
     # The tuner's timing harness has no caller in a library: internal, LLVM drops it.
     text = re.sub(r'define (double @"?tf_bench"?)(?=[\s(])', r'define internal \1', text)
+    if text in kernels:
+        return slots, packed, None, kernels[text]
+    kernels[text] = symbol
     renamed = re.sub(r'@"?tf_main"?(?=[\s(,)])', f'@"{symbol}_main"', text)
     if f'@"{symbol}_main"' not in renamed or re.search(r'@"?tf_main\b', renamed):
         raise BuildError(f"node {node.name!r}: template {tpl.NAME} did not export tf_main as expected")
     try:
-        return slots, packed, compile_ir(renamed, target).data
+        return slots, packed, compile_ir(renamed, target).data, symbol
     except ValueError as exc:
         raise BuildError(f"node {node.name!r}: {exc}") from exc
 
