@@ -112,8 +112,10 @@ def test_the_shapes_that_crashed_get_channel_vectors_with_every_channel_in_one_b
         task = conv2d.conv2d_task((1, c, 28, 28), (c, c, 3, 3), pads=(1, 1, 1, 1))
         knobs = conv2d.default_config(task, avx512).knobs
         assert knobs["axis"] == "oc" and knobs["icb"] >= c > knobs["icb"] // 2, (c, knobs)
-    # No channel block holds 2048 channels: column vectors, the reduction split into blocks.
-    wide = conv2d.conv2d_task((1, 2048, 14, 14), (512, 2048, 1, 1), strides=(2, 2))
+    # 2048 channels fit one block; no channel block holds 5000: column vectors, the reduction split into blocks.
+    assert conv2d.default_config(conv2d.conv2d_task((1, 2048, 14, 14), (512, 2048, 1, 1), strides=(2, 2)),
+                                 avx512).knobs["axis"] == "oc"
+    wide = conv2d.conv2d_task((1, 5000, 6, 6), (64, 5000, 1, 1), strides=(2, 2))
     assert conv2d.default_config(wide, avx512).knobs["axis"] == "w"
 
 

@@ -24,14 +24,15 @@ from stages.templates.conv2d_shape import reference as _reference
 from stages.templates.space import ConfigSpace, Knob, Knobs, first_valid
 
 NAME = "conv2d"
-VERSION = 5  # 2: input packed in 2-D stride phases, knob `flat`; 3: knob `axis`; 4: equal channel-vector tiles;
-# 5: threads split channel tiles, not blocks of `ocn` (or row tiles): any layer splits evenly within a tile
+VERSION = 6  # 2: input packed in 2-D stride phases, knob `flat`; 3: knob `axis`; 4: equal channel-vector tiles;
+# 5: threads split channel tiles, not blocks of `ocn` (or row tiles): any layer splits evenly within a tile;
+# 6: channel vectors on 1x1 GEMMs too, channel blocks up to 4096 (they keep a whole reduction in registers)
 
 VW = (4, 8, 16)
 MR = (1, 2, 3, 4, 5, 6, 7, 8, 10, 12, 14, 16, 24, 32, 48, 64)  # 32-64: channel vectors on narrow tiles
 NW = (1, 2, 3, 4, 5, 6, 7)
 RH = (1, 2, 3, 4)
-ICB = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)
+ICB = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096)
 ORDER = ("chw", "hwc")
 UNROLL = (0, 1, 2)  # kernel window loops unrolled: none, kw, kh and kw
 UK = (1, 2, 3, 4)
@@ -40,6 +41,9 @@ PAR = ("oc", "oh")
 FLAT = (0, 1)  # 1: tiles run along the flattened grid of output rows `wq` apart (narrow layers)
 AXIS = ("w", "oc")  # what the vector lanes hold: output columns, or output channels (pixels broadcast)
 OC_AXIS_MIN_IC = 16  # the default puts channels on 16 lanes when the reduction dwarfs the transposes
+# ... and on a 1x1 GEMM from this many input channels: 1.6-1.8x the column-vector default from 128 channels on
+# 7-28-wide images (672x14x14 -> 112: 143 vs 81 GFLOPS), equal or behind at 64 channels on 56x56 (130 vs 153)
+GEMM_OC_MIN_IC = 128
 
 MAX_UNROLLED_FMAS = 512  # keeps a candidate's compile time down
 PAR_ITEMS = 8  # the default keeps at least this many channel blocks when it can
@@ -114,8 +118,8 @@ def space(task: TuningTask, target: Target) -> ConfigSpace:
         if p.oc_vectors:
             if p.pixels(p.nw - 1) == 0:
                 return f"nw={p.nw} groups of {p.vw} pixels exceed the tile's {p.tile_w} columns"
-            if p.gemm or not p.shared:
-                return "channel vectors need a packed input shared by the tile's channels"
+            if not p.shared:
+                return "channel vectors need an input shared by the tile's channels"
             if p.ic_blocks > 1:
                 return f"channel vectors keep the whole reduction in registers: icb={p.icb} < {g.icg} channels"
         if (p.nw - 1) * p.vw >= p.out_w:
@@ -155,17 +159,20 @@ def default_config(task: TuningTask, target: Target) -> Config:
     input slab of one column tile in half of L1 for a GEMM, in a quarter of L2 for a packed input
     (which streams from L2 anyway: splitting channels adds partial-sum round trips through Y), the
     weights of a channel block in half of L2; the parallel axis is whichever has more items
-    (channel blocks of whole groups for grouped convs). On 16-lane targets, a dense packed conv
-    with enough input channels puts output channels on the lanes instead (`axis=oc`, all input
-    channels in one block, tile from `_oc_tile`): unlike column tiles it wastes no lanes on
-    28-wide outputs. Each choice is checked by the space's rule and falls back to the next (column
-    vectors when no channel block holds every input channel, then the smallest tile, which every
-    conv accepts: one channel, one 4-lane vector, no blocking or unrolling)."""
+    (channel blocks of whole groups for grouped convs). On 16-lane targets, a dense conv with enough
+    input channels (16 when packed, 128 for a 1x1 GEMM, whose output channels must also fill the
+    lanes) puts output channels on the lanes instead (`axis=oc`, all input channels in one block,
+    tile from `_oc_tile`): unlike column tiles it wastes no lanes on 7-, 14- and 28-wide outputs, and
+    loads one weight vector per 14-28 FMAs where column tiles broadcast one weight per 4. Each choice
+    is checked by the space's rule and falls back to the next (column vectors when no channel block
+    holds every input channel, then the smallest tile, which every conv accepts: one channel, one
+    4-lane vector, no blocking or unrolling)."""
     g = geom(task)
     regs, lanes = target.vector_registers, target.vector_lanes
     tiles: list[tuple[str, int, int, int, int, int]] = []  # (axis, vw, mr, nw, rh, flat), preferred first
-    oc_tile = _oc_tile(task, target) if lanes >= 16 and g.groups == 1 and not g.is_1x1_gemm \
-        and g.icg >= OC_AXIS_MIN_IC and g.oc >= lanes else None
+    gemm_ok = g.icg >= GEMM_OC_MIN_IC and (g.oc % lanes == 0 or g.oc >= 4 * lanes)  # 24 channels: 0.59x
+    oc_tile = _oc_tile(task, target) if lanes >= 16 and g.groups == 1 and g.oc >= lanes \
+        and (gemm_ok if g.is_1x1_gemm else g.icg >= OC_AXIS_MIN_IC) else None
     if oc_tile is not None:
         tiles.append(("oc", *oc_tile))
     best: tuple | None = None
