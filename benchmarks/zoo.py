@@ -1,8 +1,8 @@
 """Real CNN exports (data/zoo/, seeded random weights): default build, tuned build, onnxruntime, same run.
 
-Per zoo model and thread count: tune the model's tasks under a global budget of `--trials-per-task`
-x tunable tasks (gradient task scheduler, lgbm tuner; logs kept in --logs so a rerun resumes; in a
-child process, so the tuner's threads never share the cores with the timings), build the default-
+Per zoo model and thread count: tune the model end to end with `tunaflow tune --no-prefect` (a child
+process, so the tuner's threads never share the cores with the timings) under a global budget of
+`--trials-per-task` x tunable tasks (logs kept in --logs so a rerun resumes), build the default-
 schedule and the tuned library, check both against onnxruntime (max abs error <= 1e-3 x max abs
 reference), then time the three interleaved (rounds x 10 calls; ratios are medians of per-round
 ratios). Writes the `zoo` section of benchmarks/RESULTS.md.
@@ -14,8 +14,8 @@ from __future__ import annotations
 
 import argparse
 import math
-import multiprocessing as mp
 import platform
+import subprocess
 import sys
 import tempfile
 import time
@@ -29,9 +29,9 @@ sys.path.insert(0, str(ROOT))
 
 from benchmarks.models import latencies  # noqa: E402
 from benchmarks.results import replace_section  # noqa: E402
-from schemas import MeasureOptions, Target, TuningOptions  # noqa: E402
+from schemas import Target  # noqa: E402
 from stages.build.library import build_library  # noqa: E402
-from stages.build.tune_all import tunable, tune_tasks  # noqa: E402
+from stages.build.tune_all import tunable  # noqa: E402
 from stages.extract import load_model  # noqa: E402
 from stages.extract.weights import fill_weights  # noqa: E402
 from stages.graph.passes import optimize  # noqa: E402
@@ -68,16 +68,14 @@ def bench_model(name: str, threads: int, per_task: int, logs: Path, target: Targ
     log = logs / f"{name}-t{threads}"
     before = len(TuningLog(log).records()) if log.exists() else 0
     start = time.perf_counter()
-    if budget:
-        options = TuningOptions(n_trials=budget, batch_size=8, tuner="lgbm", measure=MeasureOptions(threads=threads))
-        child = mp.get_context("spawn").Process(target=tune_tasks, args=(
-            [t.task for t in tasks], [t.weight for t in tasks], target, options, TuningLog(log), budget))
-        child.start()
-        child.join()
-        if child.exitcode != 0:
-            raise RuntimeError(f"tuning {name} at {threads} thread(s) failed (exit code {child.exitcode})")
+    if budget:  # end to end as a user runs it: import, tasks, tuning, the verified build
+        done = subprocess.run([str(ROOT / ".venv" / "bin" / "tunaflow"), "tune", str(path), "-o", str(work / "cli"),
+                               "--log", str(log), "--trials", str(budget), "--threads", str(threads),
+                               "--no-prefect", "--json"], capture_output=True, text=True)
+        if done.returncode != 0:
+            raise RuntimeError(f"tunaflow tune {name} at {threads} thread(s) failed:\n{done.stderr[-2000:]}")
     tune_s = time.perf_counter() - start
-    new = (len(TuningLog(log).records()) if log.exists() else 0) - before
+    after = len(TuningLog(log).records()) if log.exists() else 0
     default_m = build_library(graph, target, work / f"{name}-t{threads}-default", threads)
     tuned_m = build_library(graph, target, work / f"{name}-t{threads}-tuned", threads,
                             log if log.exists() else None)
@@ -89,7 +87,7 @@ def bench_model(name: str, threads: int, per_task: int, logs: Path, target: Targ
     contenders = {"default": lambda: default.run(**feeds), "tuned": lambda: tuned.run(**feeds),
                   "onnxruntime": lambda: ort(feeds)}
     raw = compare(contenders, number=NUMBER, rounds=ROUNDS, idle_between=False)
-    return {"model": name, "threads": threads, "tasks": len(tasks), "budget": budget, "new": new,
+    return {"model": name, "threads": threads, "tasks": len(tasks), "records": after, "new": after - before,
             "tune_s": tune_s, "errors": errors, "build_s": default_m.build_s, "tuned_build_s": tuned_m.build_s,
             **latencies(raw), "default_ort": paired_ratio(raw, "default", "onnxruntime")}
 
@@ -98,18 +96,20 @@ def report(rows: list[dict], command: str) -> str:
     lines = [f"Command: `{command}`", "",
              f"Machine: {platform.machine()}, CPU `{Target.host().cpu}`, {Target.host().cores} cores. Graphs: "
              "torchvision exports (`data/zoo/`, `torch.onnx.export` defaults) with seeded random weights "
-             "(`stages.extract.weights.fill_weights`), batch 1. Budget: trials per tunable task x tasks (gradient "
-             "scheduler, lgbm tuner, batches of 8); `tune s` is this run's tuning wall time (a resumed log tunes "
-             f"only what its budget still allows). Latency: median of {ROUNDS * NUMBER} calls, the three "
+             "(`stages.extract.weights.fill_weights`), batch 1. Tuning: `tunaflow tune --no-prefect` (gradient "
+             "scheduler, lgbm tuner, top-3 re-measurement) under a budget of trials per tunable task x tasks; `tune "
+             "s` is its wall time in this run, import, tuning and the verified build included; `log records` counts "
+             "trials and re-measurements (0: the tuned build is the default one). "
+             f"Latency: median of {ROUNDS * NUMBER} calls, the three "
              f"interleaved in {ROUNDS} rounds of {NUMBER} back to back; ratios tuned/ort and default/tuned are "
              "medians of per-round ratios [quartiles]. `error`: max abs error / max abs onnxruntime output, "
              "default and tuned build (goal <= 1e-3).", "",
-             "| model | threads | tasks | trials | tune s | default ms | tuned ms | onnxruntime ms | default/ort | "
-             "tuned/ort | default/tuned | error |",
+             "| model | threads | tasks | log records | tune s | default ms | tuned ms | onnxruntime ms | "
+             "default/ort | tuned/ort | default/tuned | error |",
              "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         ms = r["ms"]
-        lines.append(f"| {r['model']} | {r['threads']} | {r['tasks']} | {r['budget']} ({r['new']} new) | "
+        lines.append(f"| {r['model']} | {r['threads']} | {r['tasks']} | {r['records']} ({r['new']} new) | "
                      f"{r['tune_s']:.0f} | {ms['default']:.2f} | {ms['tuned']:.2f} | {ms['onnxruntime']:.2f} | "
                      f"{r['default_ort']:.2f}x | {_ratio(r, 'tuned_ort')} | {_ratio(r, 'default_tuned')} | "
                      f"{r['errors']['default']:.1e} / {r['errors']['tuned']:.1e} |")
@@ -135,6 +135,9 @@ def main() -> None:
     ap.add_argument("--models", default=",".join(MODELS))
     ap.add_argument("--threads", default="1,2")
     ap.add_argument("--trials-per-task", type=int, default=24, help="global budget = this x tunable tasks (0: none)")
+    ap.add_argument("--tune", help="tune only these models (comma list; default: every model); the others' "
+                    "tuned builds take whatever their logs hold")
+    ap.add_argument("--tune-threads", help="tune only at these thread counts (default: every one)")
     ap.add_argument("--logs", type=Path, default=ROOT / "runs" / "bench-zoo", help="tuning logs (resumed)")
     ap.add_argument("--no-write", action="store_true", help="print, do not update RESULTS.md")
     args = ap.parse_args()
@@ -143,7 +146,9 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="tf-bench-zoo-") as tmp:
         for name in args.models.split(","):
             for threads in (int(t) for t in args.threads.split(",")):
-                row = bench_model(name, threads, args.trials_per_task, args.logs, target, Path(tmp))
+                tuned = (args.tune is None or name in args.tune.split(",")) and \
+                    (args.tune_threads is None or str(threads) in args.tune_threads.split(","))
+                row = bench_model(name, threads, args.trials_per_task if tuned else 0, args.logs, target, Path(tmp))
                 print(row, flush=True)
                 rows.append(row)
     command = "flock /tmp/bench.lock .venv/bin/python benchmarks/zoo.py " + " ".join(sys.argv[1:])
