@@ -171,3 +171,20 @@ def test_a_model_stripped_of_nothing_and_filled_is_unchanged():
             assert stats == pytest.approx({"mean": arr.mean(), "std": arr.std(), "min": arr.min(), "max": arr.max()},
                                           rel=1e-5, abs=1e-7)
     assert fill_weights(model, seed=1).SerializeToString() == model.SerializeToString()
+
+
+def test_the_self_check_holds_an_ill_conditioned_model_to_what_its_reference_can_tell(libraries, tmp_path):
+    """EfficientNet-B0 with these weights on the check's seed-0 inputs: onnxruntime's two kernel sets (all
+    rewrites vs basic) differ by 6e-3 of the logits' max abs, so the correct library (4e-3 off) cannot be held
+    to 1e-3; the check widens the tolerance to twice that spread, says so, and still passes."""
+    from stages.build.verify import REL_TOL, SPREAD_FACTOR, check
+
+    out, built = libraries[("efficientnet_b0", 1)]
+    if isinstance(built, BaseException):
+        raise built
+    model = tmp_path / "efficientnet_b0.onnx"
+    onnx.save(_filled("efficientnet_b0"), model)
+    graph = optimize(load_model(model))
+    result = check(model, graph, Target.host(), out, 1, None)
+    assert result.status == "passed" and result.spread is not None
+    assert REL_TOL < result.max_error <= SPREAD_FACTOR * result.spread
