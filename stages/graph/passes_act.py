@@ -15,6 +15,7 @@ Every value inside a pattern except x must be read by the pattern alone, so noth
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
 from stages.graph.ir import Graph, Node
 
@@ -155,14 +156,19 @@ def _gelu_products(g: Graph, x: str, a: str, users: Users, prod: dict[str, Node]
 # ---- Swish, HardSigmoid, HardSwish --------------------------------------------------------------
 
 def rewrite_swish(g: Graph) -> None:
-    """x * Sigmoid(x) → Swish(x, alpha=1), SiLU: x is read twice, once by each node of the pattern."""
-    for sig in [n for n in g.nodes if n.op == "Sigmoid"]:
+    """x * Sigmoid(x) → Swish(x, alpha=1), SiLU."""
+    _rewrite_gated(g, "Sigmoid", "Swish", "swish", lambda gate: {"alpha": 1.0})
+
+
+def _rewrite_gated(g: Graph, gate_op: str, op: str, suffix: str, attrs: Callable[[Node], dict]) -> None:
+    """x * Gate(x) → Op(x, **attrs(gate)): x is read twice, once by each node of the pattern."""
+    for gate in [n for n in g.nodes if n.op == gate_op]:
         users = g.consumers()
-        x, s = sig.inputs[0], sig.outputs[0]
-        mul = _only(g, s, ("Mul",), users)
-        if mul is None or _other(mul, s) != x:
+        x, h = gate.inputs[0], gate.outputs[0]
+        mul = _only(g, h, ("Mul",), users)
+        if mul is None or _other(mul, h) != x:
             continue
-        _replace(g, mul, Node(mul.name + "/swish", "Swish", [x], list(mul.outputs), {"alpha": 1.0}), [sig])
+        _replace(g, mul, Node(f"{mul.name}/{suffix}", op, [x], list(mul.outputs), attrs(gate)), [gate])
 
 
 def rewrite_hard_sigmoid(g: Graph) -> None:
@@ -201,11 +207,5 @@ def _scales_to_one(g: Graph, node: Node, name: str, top: float) -> bool:
 
 def rewrite_hard_swish(g: Graph) -> None:
     """x * HardSigmoid(x) → HardSwish(x) with the HardSigmoid's alpha and beta."""
-    for hs in [n for n in g.nodes if n.op == "HardSigmoid"]:
-        users = g.consumers()
-        x, h = hs.inputs[0], hs.outputs[0]
-        mul = _only(g, h, ("Mul",), users)
-        if mul is None or _other(mul, h) != x:
-            continue
-        attrs = {"alpha": hs.attrs.get("alpha", 0.2), "beta": hs.attrs.get("beta", 0.5)}
-        _replace(g, mul, Node(mul.name + "/hard_swish", "HardSwish", [x], list(mul.outputs), attrs), [hs])
+    _rewrite_gated(g, "HardSigmoid", "HardSwish", "hard_swish",
+                   lambda hs: {"alpha": hs.attrs.get("alpha", 0.2), "beta": hs.attrs.get("beta", 0.5)})
