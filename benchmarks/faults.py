@@ -1,7 +1,10 @@
 """Reliability and security figures: faulty candidates, kill -9 and resume, tracker and agent killed
-mid-batch, hostile network input, mutated model files. Writes its section of benchmarks/RESULTS.md.
+mid-batch, hostile network input, mutated model files, and issue 21's attacks (benchmarks/attacks/: a
+rogue tracker, self-vouching manifests, implausible device results, folding bombs, a full disk...).
+Writes its two sections of benchmarks/RESULTS.md.
 
     flock /tmp/bench.lock .venv/bin/python benchmarks/faults.py [--trials 300] [--kills 20] [--fuzz 10000]
+    .venv/bin/python benchmarks/faults.py --part attacks     # only the attacks (about 10 minutes)
 
 Real parts throughout: faults are compiled into candidates (stages/faults/inject.py), processes
 are killed with SIGKILL, requests go over sockets on 127.0.0.1 to a tracker in its own process.
@@ -356,6 +359,48 @@ def fuzz(cases: int, tmp: Path, chunk: int = 500) -> dict:
             "unexpected": sorted({o for o, _ in outcomes.values() if o not in ("ok", "ModelError")})[:5]}
 
 
+# ---- 6. issue 21's attacks ------------------------------------------------------------------------------
+
+ATTACK_MODULES = ("rpc", "artifact", "imports", "log", "cli")
+
+
+def attacks(tmp: Path) -> list:
+    """Every attack module's outcomes; a module that raises is itself a failed row, not a dead benchmark."""
+    import importlib
+
+    from attacks import Outcome
+
+    outcomes: list[Outcome] = []
+    for name in ATTACK_MODULES:
+        work = tmp / name
+        work.mkdir()
+        start = time.perf_counter()
+        try:
+            outcomes += importlib.import_module(f"attacks.{name}").run(work)
+        except Exception as exc:  # noqa: BLE001 - a broken attack module is reported as a crash
+            outcomes.append(Outcome(0, f"attacks/{name}.py", f"raised {type(exc).__name__}: {exc}"[:300],
+                                    held=False, crashes=1))
+        print(f"attacks.{name}: {time.perf_counter() - start:.0f} s", flush=True)
+    return outcomes
+
+
+def attacks_report(outcomes: list) -> str:
+    def cell(text: str) -> str:
+        return text.replace("|", "\\|").replace("\n", " ")
+
+    held = sum(o.held for o in outcomes)
+    crashes, lost, runs = (sum(getattr(o, f) for o in outcomes) for f in ("crashes", "records_lost", "code_runs"))
+    ok = held == len(outcomes) and crashes == lost == runs == 0
+    rows = ["| # | attack | outcome | held |", "|---|---|---|---|"]
+    rows += [f"| {o.group} | {cell(o.attack)} | {cell(o.outcome)} | {'yes' if o.held else '**no**'} |"
+             for o in sorted(outcomes, key=lambda o: o.group)]
+    return (f"Command: `.venv/bin/python benchmarks/faults.py --part attacks`\n\n"
+            f"Goal: every attack held, 0 crashes, 0 records lost, 0 code runs without the token or key. "
+            f"This run: **{held} / {len(outcomes)} held, {crashes} crashes, {lost} records lost, {runs} code "
+            f"runs** ({'met' if ok else '**not met**'}). `#` is the finding's number in issue 21.\n\n"
+            + "\n".join(rows) + "\n")
+
+
 # ---- report ---------------------------------------------------------------------------------------------
 
 def report(f: dict, k: dict, r: dict, h: dict, z: dict, args) -> str:
@@ -428,8 +473,18 @@ def main() -> None:
     parser.add_argument("--slow", type=int, default=500)
     parser.add_argument("--fuzz", type=int, default=10_000)
     parser.add_argument("--seed", type=int, default=7)
+    parser.add_argument("--part", choices=("all", "classic", "attacks"), default="all",
+                        help="classic: sections 1-5 (faulty candidates ... mutated models); attacks: issue 21's")
     parser.add_argument("--no-write", action="store_true", help="print the section, leave RESULTS.md alone")
     args = parser.parse_args()
+    if args.part in ("all", "attacks"):
+        with tempfile.TemporaryDirectory(prefix="tf-attacks-") as tmp:
+            body = attacks_report(attacks(Path(tmp)))
+        print(body)
+        if not args.no_write:
+            replace_section("faults:attacks", "Attacks: issue 21 (`benchmarks/faults.py --part attacks`)", body)
+    if args.part == "attacks":
+        return
     with tempfile.TemporaryDirectory(prefix="tf-faults-") as tmp:
         tmp = Path(tmp)
         for sub in ("session", "kill", "rpc", "hostile", "fuzz"):
