@@ -120,3 +120,27 @@ def test_a_task_new_to_a_resumed_log_gets_its_default_before_the_older_tasks_go_
     assert [s.trials for s in summaries] == [4, 1]
     (first,) = [r for r in log.records() if r.task_signature == new.signature and r.tuner != "remeasure"]
     assert first.config.knobs == matmul.default_config(new, host).knobs
+
+
+def test_a_task_no_schedule_serves_gets_no_trials_and_the_others_tune_on(monkeypatch, tmp_path):
+    """NoValidConfig for one task of a model must not stop `tune`: that task builds with the generic kernel."""
+    from schemas import MeasureOptions, Target, TuningOptions, matmul_task
+    from stages.build.tune_all import tune_tasks
+    from stages.log import TuningLog
+    from stages.templates import matmul
+    from stages.templates.space import NoValidConfig
+
+    host, log = Target.host(), TuningLog(tmp_path / "log")
+    good, bad = matmul_task(24, 32, 16), matmul_task(16, 24, 32)
+    default = matmul.default_config
+
+    def none_for_bad(task, target):
+        if task.signature == bad.signature:
+            raise NoValidConfig(f"no schedule of the space fits {task.description}: for this test")
+        return default(task, target)
+
+    monkeypatch.setattr(matmul, "default_config", none_for_bad)
+    options = TuningOptions(n_trials=4, batch_size=2, tuner="random", measure=MeasureOptions(threads=1))
+    summaries = tune_tasks([good, bad], [1, 1], host, options, log, budget=4, scheduler="round-robin")
+    assert [s.trials for s in summaries] == [4, 0]
+    assert {r.task_signature for r in log.records()} == {good.signature}

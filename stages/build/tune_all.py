@@ -29,6 +29,7 @@ from stages.measure.factory import make_runner
 from stages.schedule.driver import allocate
 from stages.schedule.scheduler import SCHEDULERS
 from stages.templates import TEMPLATES, alternatives
+from stages.templates.space import NoValidConfig
 from stages.tune.session import Observer, SessionSummary, TuningSession, remeasure_top
 
 
@@ -78,7 +79,7 @@ def tune_tasks(tasks: list[TuningTask], weights: list[int], target: Target, opti
 
         def step_for(s: TuningSession):
             def step(n: int) -> tuple[int, float]:
-                configs = [] if s.done else steps.propose(s)[:n]
+                configs = [] if s.done or s in unservable else steps.propose(s)[:n]
                 if not configs:
                     return 0, math.inf
                 return measure_and_record(s, configs)
@@ -87,12 +88,21 @@ def tune_tasks(tasks: list[TuningTask], weights: list[int], target: Target, opti
         # Each new task's first trial is its default schedule, so the build never picks worse, and
         # all of them run before the scheduler spends the rest: a task new to a resumed log (a twin
         # whose template version changed) would otherwise wait behind the older tasks' batches.
+        # A task no schedule of its template serves (NoValidConfig) gets no trials: its build runs the
+        # generic kernel, and the other tasks tune on.
+        unservable: set[TuningSession] = set()
         for s in sessions:
+            try:
+                default = s.template.default_config(s.task, target)
+            except NoValidConfig:
+                unservable.add(s)
+                continue
             if remaining > 0 and s.trials == 0:
-                remaining -= measure_and_record(s, [s.template.default_config(s.task, target)])[0]
+                remaining -= measure_and_record(s, [default])[0]
         if remaining > 0 and sessions:
             allocate(SCHEDULERS[scheduler](options.seed), [step_for(s) for s in sessions], weights, remaining,
                      options.batch_size, alternative_groups(tasks))
         for s in sessions:
-            steps.remeasure(s, builder, runner)
+            if s not in unservable:
+                steps.remeasure(s, builder, runner)
     return [s.summary() for s in sessions]
