@@ -120,14 +120,16 @@ def test_gemm_features_read_shapes_from_the_output_and_flops(host):
 
 
 def test_ops_without_a_feature_function_get_generic_features(host):
-    task = TuningTask(op="conv2d", inputs=(TensorSpec(shape=(1, 3, 7, 7)), TensorSpec(shape=(5, 3, 3, 3))),
+    task = TuningTask(op="conv2d_winograd", inputs=(TensorSpec(shape=(1, 3, 7, 7)), TensorSpec(shape=(5, 3, 3, 3))),
                       outputs=(TensorSpec(shape=(1, 5, 5, 5)),))
+    assert task.op not in FEATURES
     cols = knob_columns([{"oc_block": 16, "layout": "nchw16c"}, {"oc_block": 8, "layout": "nchw8c"}])
-    x = featurize(task, host, 1, cols) if "conv2d" not in FEATURES else None
     out = generic_features(task, host, 1, cols)
     assert set(out) == {"knob_oc_block", "knob_layout", "out_log", "in_log", "lane_frac"}
     assert out["knob_oc_block"][0] > out["knob_oc_block"][1] and out["knob_layout"][0] != out["knob_layout"][1]
-    assert x is None or np.isfinite(x).all()
+    x = featurize(task, host, 1, cols)
+    assert x.shape == (2, len(out)) and np.isfinite(x).all()
+    assert np.array_equal(x[:, 0], np.asarray(out["knob_oc_block"], dtype=np.float32))
 
 
 def test_labels_take_the_fastest_repeat_and_zero_for_failures():

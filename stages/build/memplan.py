@@ -31,11 +31,6 @@ class WorkspacePlan:
     size: int
     naive_size: int
 
-    @property
-    def reuse_ratio(self) -> float:
-        """Bytes the plan saves relative to giving every intermediate its own buffer."""
-        return 1 - self.size / self.naive_size if self.naive_size else 0.0
-
 
 def plan_workspace(steps: list[Step], nbytes: dict[str, int]) -> WorkspacePlan:
     """Offsets for the tensors in `nbytes` (the intermediates) over the lifetime `steps` give them."""

@@ -53,10 +53,6 @@ class ConvGeom:
         """A 1x1, stride-1, unpadded conv is a GEMM over the flattened image: no packing of X needed."""
         return (self.kh, self.kw, self.sh, self.sw, self.pt, self.pl, self.pb, self.pr) == (1, 1, 1, 1, 0, 0, 0, 0)
 
-    @property
-    def is_depthwise(self) -> bool:
-        return self.icg == 1 and self.groups == self.c and self.groups > 1
-
 
 def geom(task: TuningTask) -> ConvGeom:
     (n, c, h, w), (oc, icg, kh, kw) = task.inputs[0].shape, task.inputs[1].shape
