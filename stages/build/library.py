@@ -11,10 +11,13 @@ caller's inputs/outputs, the packed weights file, or the statically planned work
 `tf_profile` (the same, plus `double *seconds`: each call's time, in manifest op order).
 The objects are linked with the system C compiler (`cc -shared`), together with the native runtime
 (`stages/codegen/runtime.c`, hidden inside the library) whose worker pool runs threaded kernels.
+The generated module also carries `tf_facts` (`stages/build/facts.py`): the I/O signature, sizes,
+format version and target the loader checks the manifest against before it opens the library.
 """
 
 from __future__ import annotations
 
+import hashlib
 import math
 import re
 import shutil
@@ -29,18 +32,23 @@ import numpy as np
 from llvmlite import ir
 
 from schemas.target import Target
+from stages.build import facts
 from stages.build.apply_best import Choice, choose, fallback_message, implementations
 from stages.build.halo import HaloPlan, plan_halos
 from stages.build.manifest import (
+    FORMAT_VERSION,
     LIBRARY,
     MANIFEST,
     PROFILE,
+    SIGNATURE,
     WEIGHTS,
     Manifest,
     OpInfo,
     TensorInfo,
+    artifact_key,
     file_digest,
     log_digest,
+    signature,
 )
 from stages.build.memplan import Step, aligned, plan_workspace
 from stages.build.ops import ALIASES, OPS, OpCtx, UnsupportedOp, unsupported_nodes
@@ -78,8 +86,10 @@ def find_compiler(cc: str | None = None) -> str:
 
 
 def build_library(graph: Graph, target: Target, out: Path, threads: int = 1, log: Path | None = None,
-                  on_fallback: Callable[[str], None] | None = None, cc: str | None = None) -> Manifest:
-    """Write OUT/model.so, OUT/weights.bin and OUT/manifest.json; returns the manifest."""
+                  on_fallback: Callable[[str], None] | None = None, cc: str | None = None,
+                  key: str | bytes | None = None) -> Manifest:
+    """Write OUT/model.so, OUT/weights.bin and OUT/manifest.json, and OUT/manifest.sig when there is a key
+    (`key`, else TUNAFLOW_ARTIFACT_KEY); returns the manifest."""
     start = time.perf_counter()
     missing = unsupported_nodes(graph.nodes)
     if missing:
@@ -113,16 +123,19 @@ def build_library(graph: Graph, target: Target, out: Path, threads: int = 1, log
                                 tuple(s for s in c.slots if s in c.node.outputs)) for c in calls], work)
     _check_computed(graph, calls, constants)
     _emit_run(module, calls, graph, weight_offsets, plan.offsets)
+    inputs = tuple(TensorInfo(name=v.name, shape=v.shape, dtype=v.dtype) for v in graph.inputs)
+    outputs = tuple(TensorInfo(name=v.name, shape=v.shape, dtype=v.dtype) for v in graph.outputs)
+    facts.emit(module, facts.Facts(
+        format_version=FORMAT_VERSION, inputs=inputs, outputs=outputs, workspace_bytes=plan.size,
+        weights_bytes=len(weights_blob), weights_sha256=hashlib.sha256(weights_blob).hexdigest(), calls=len(calls),
+        threads=threads, triple=target.triple, cpu=target.cpu, features=target.features))
     objects = [*low.objects, compile_ir(module, target, GENERATED_OPS_LEVEL).data]
 
     out.mkdir(parents=True, exist_ok=True)
     _link(compiler, objects, out / LIBRARY)
     (out / WEIGHTS).write_bytes(weights_blob)
     manifest = Manifest(
-        model=graph.name,
-        inputs=tuple(TensorInfo(name=v.name, shape=v.shape, dtype=v.dtype) for v in graph.inputs),
-        outputs=tuple(TensorInfo(name=v.name, shape=v.shape, dtype=v.dtype) for v in graph.outputs),
-        target=target, target_key=target.key, threads=threads,
+        model=graph.name, inputs=inputs, outputs=outputs, target=target, target_key=target.key, threads=threads,
         log=str(log) if log is not None else None,
         log_digest=log_digest(log) if log is not None else None,
         workspace_bytes=plan.size, naive_workspace_bytes=plan.naive_size, weights_bytes=len(weights_blob),
@@ -130,7 +143,13 @@ def build_library(graph: Graph, target: Target, out: Path, threads: int = 1, log
         files={LIBRARY: file_digest(out / LIBRARY), WEIGHTS: file_digest(out / WEIGHTS)},
         build_s=time.perf_counter() - start,
     )
-    (out / MANIFEST).write_text(manifest.model_dump_json(indent=1))
+    text = manifest.model_dump_json(indent=1).encode()
+    (out / MANIFEST).write_bytes(text)
+    secret = artifact_key(key)
+    if secret is None:
+        (out / SIGNATURE).unlink(missing_ok=True)  # a stale one would sign another manifest
+    else:
+        (out / SIGNATURE).write_text(signature(text, secret) + "\n")
     return manifest
 
 

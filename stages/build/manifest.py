@@ -1,27 +1,49 @@
-"""The JSON manifest next to a built library: what it computes, for which CPU, and from what."""
+"""The JSON manifest next to a built library: what it computes, for which CPU, and from what.
+
+The manifest is a description, not an authority: the loader checks it against the facts the library
+embeds about itself (`stages/build/facts.py`) and, when a key is in use, against `manifest.sig`, an
+HMAC-SHA256 of its bytes under TUNAFLOW_ARTIFACT_KEY.
+"""
 
 from __future__ import annotations
 
 import hashlib
+import hmac
+import os
 from pathlib import Path
 
-from pydantic import BaseModel, ConfigDict
+import numpy as np
+from pydantic import BaseModel, ConfigDict, Field, NonNegativeInt, field_validator
 
 from schemas.target import Target
 
-FORMAT_VERSION = 1
+# 2: the library embeds its facts (`.tunaflow_facts`) and both file digests are required.
+FORMAT_VERSION = 2
 MANIFEST = "manifest.json"
+SIGNATURE = "manifest.sig"
 LIBRARY = "model.so"
 WEIGHTS = "weights.bin"
 PROFILE = "tf_profile"  # the library entry point that times each kernel call
+KEY_ENV = "TUNAFLOW_ARTIFACT_KEY"
 
 
 class TensorInfo(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     name: str
-    shape: tuple[int, ...]
+    shape: tuple[NonNegativeInt, ...]
     dtype: str = "float32"
+
+    @field_validator("dtype")
+    @classmethod
+    def _numeric(cls, v: str) -> str:
+        try:
+            kind = np.dtype(v).kind
+        except TypeError:
+            kind = None
+        if kind not in tuple("fiub"):
+            raise ValueError(f"dtype must be a numeric numpy dtype, got {v!r}")
+        return v
 
 
 class OpInfo(BaseModel):
@@ -51,11 +73,11 @@ class Manifest(BaseModel):
     threads: int
     log: str | None
     log_digest: str | None
-    workspace_bytes: int
+    workspace_bytes: int = Field(ge=0)
     naive_workspace_bytes: int
-    weights_bytes: int
+    weights_bytes: int = Field(ge=0)
     ops: tuple[OpInfo, ...]
-    files: dict[str, str]  # file name → sha256
+    files: dict[str, str]  # file name → sha256; the loader requires exactly model.so and weights.bin
     build_s: float
 
 
@@ -74,3 +96,17 @@ def log_digest(path: Path) -> str:
         h.update(part.name.encode())
         h.update(part.read_bytes())
     return h.hexdigest()
+
+
+def artifact_key(key: str | bytes | None = None) -> bytes | None:
+    """The key given, else TUNAFLOW_ARTIFACT_KEY's; None when neither is set (or both are empty)."""
+    if key is None:
+        key = os.environ.get(KEY_ENV, "")
+    if isinstance(key, str):
+        key = key.encode()
+    return key or None
+
+
+def signature(manifest_bytes: bytes, key: bytes) -> str:
+    """What `manifest.sig` holds: hex HMAC-SHA256 of the manifest's exact bytes."""
+    return hmac.new(key, manifest_bytes, hashlib.sha256).hexdigest()
