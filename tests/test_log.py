@@ -79,12 +79,15 @@ def test_other_schema_version_names_file_and_versions(tmp_path):
     assert len(good) == 1 and len(problems) == 1 and problems[0].path == bad
 
 
-def test_garbage_part_is_reported_by_name(tmp_path):
+def test_garbage_part_is_skipped_with_a_warning_naming_it(tmp_path, caplog):
     log = TuningLog(tmp_path / "log")
     log.append([rec(0, 1e-3)])
     (tmp_path / "log" / "part-zzz.parquet").write_bytes(b"not parquet at all")
     with pytest.raises(LogError, match="part-zzz.parquet: not a readable Parquet file"):
-        log.records()
+        log.read(strict=True)
+    assert [r.trial for r in log.records()] == [0]
+    assert "part-zzz.parquet: not a readable Parquet file" in caplog.text and "skipped" in caplog.text
+    assert [p.path.name for p in log.skipped] == ["part-zzz.parquet"]
     good, problems = log.read(strict=False)
     assert len(good) == 1 and "part-zzz" in problems[0].reason
 

@@ -1,5 +1,6 @@
 """The Parquet tuning log."""
 
-from stages.log.store import LogError, Problem, TuningLog, merge
+from stages.log.errors import LogBusyError, LogError, LogVersionError, LogWriteError
+from stages.log.store import Problem, TuningLog, merge
 
-__all__ = ["LogError", "Problem", "TuningLog", "merge"]
+__all__ = ["LogBusyError", "LogError", "LogVersionError", "LogWriteError", "Problem", "TuningLog", "merge"]

@@ -1,16 +1,20 @@
 """The tuning log: a directory of Parquet parts, one per appended batch.
 
-A part is written under a temporary name, fsynced, then renamed into place, so a crash leaves
-either the whole batch or nothing. Every part carries the schema version in its metadata.
+A part is written whole or not at all (`parts.py`) and carries the schema version in its
+metadata; one process writes a log at a time (`lock.py`), readers take no lock. Reading skips a
+damaged part or an invalid row with one warning naming it (logger `stages.log`, also kept in
+`TuningLog.skipped` for the CLI) and keeps every good record; a part of another schema version is
+refused. A write that fails is retried once, then the batch is saved under the temp directory if
+that works, and a `LogWriteError` says where, why and how many records are not in the log.
 """
 
 from __future__ import annotations
 
+import logging
 import os
-import uuid
+import time
 from collections.abc import Iterable
 from dataclasses import dataclass
-from datetime import UTC, datetime
 from pathlib import Path
 
 import pyarrow as pa
@@ -19,50 +23,68 @@ from pydantic import ValidationError
 
 from schemas.record import SCHEMA_VERSION, TuningRecord
 from stages.log.arrow_schema import JSON_META, arrow_schema, from_row, to_row
+from stages.log.errors import LogError, LogVersionError, LogWriteError
+from stages.log.lock import WriterLease, acquire, holder
+from stages.log.parts import final_name, rescue, stale_parts, write_part
 from stages.measure.remeasure import TUNER_NAME as REMEASURE
 
 VERSION_KEY = "tunaflow.schema_version"
 SCHEMA = arrow_schema(TuningRecord, metadata={VERSION_KEY: str(SCHEMA_VERSION)})
 PART_GLOB = "part-*.parquet"
 QUARANTINE = "quarantine"
+WAIT_S = 5.0   # how long a second writer waits for the lock before refusing
+RETRY_S = 0.5  # pause before the one retry of a failed write
 
-
-class LogError(Exception):
-    """A log part that cannot be read as this version's records; names the file and the reason."""
+logger = logging.getLogger("stages.log")
+_warned: set[tuple[Path, str]] = set()
 
 
 @dataclass(frozen=True)
 class Problem:
     path: Path
     reason: str
+    kind: str = "damaged"  # damaged (unreadable part, invalid row) | version (another schema) | stale (.tmp part)
 
 
 class TuningLog:
-    def __init__(self, path: str | os.PathLike[str]):
+    def __init__(self, path: str | os.PathLike[str], wait_s: float = WAIT_S):
         self.path = Path(path)
+        self.wait_s = wait_s
+        self.skipped: list[Problem] = []  # what the last `records()` skipped, for the CLI to show
         if self.path.exists() and not self.path.is_dir():
             raise LogError(f"{self.path}: a tuning log is a directory of Parquet parts, this is a file")
 
     def parts(self) -> list[Path]:
         return sorted(self.path.glob(PART_GLOB)) if self.path.is_dir() else []
 
+    def writer(self) -> WriterLease:
+        """Hold this log's writer lock (re-entered within the process; LogBusyError when another
+        process keeps it past `wait_s`). Whoever takes it first recovers parts an interrupted writer
+        left under their temporary name."""
+        lease = acquire(self.path, self.wait_s)
+        if lease.fresh:
+            try:
+                self._recover()
+            except BaseException:
+                lease.release()
+                raise
+        return lease
+
     def append(self, records: Iterable[TuningRecord]) -> Path | None:
         """Write one batch atomically; returns the part's path (None for an empty batch)."""
         records = [TuningRecord.model_validate(r) for r in records]
         if not records:
             return None
-        self.path.mkdir(parents=True, exist_ok=True)
         table = to_table(records)
-        stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%S%f")
-        final = self.path / f"part-{stamp}-{uuid.uuid4().hex[:8]}.parquet"
-        tmp = self.path / f".{final.name}.tmp"
-        with open(tmp, "wb") as fh:
-            pq.write_table(table, fh)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, final)
-        _fsync_dir(self.path)
-        return final
+        with self.writer():
+            for attempt in range(2):
+                try:
+                    return write_part(self.path, table)
+                except (OSError, pa.ArrowException) as exc:
+                    failure = exc
+                if attempt == 0:
+                    time.sleep(RETRY_S)
+        raise self._write_error(table, failure) from failure
 
     def read_table(self, strict: bool = True) -> tuple[pa.Table, list[Problem]]:
         tables, problems = [], []
@@ -72,12 +94,13 @@ class TuningLog:
             except LogError as exc:
                 if strict:
                     raise
-                problems.append(Problem(part, str(exc)))
+                problems.append(_problem(part, exc))
         table = pa.concat_tables(tables) if tables else SCHEMA.empty_table()
         return table, problems
 
     def read(self, strict: bool = True) -> tuple[list[TuningRecord], list[Problem]]:
-        """Validated records; with strict=False, unreadable parts and records become Problems."""
+        """Validated records; with strict=False, unreadable parts, invalid records and stale
+        temporary parts become Problems."""
         records: list[TuningRecord] = []
         problems: list[Problem] = []
         for part in self.parts():
@@ -86,20 +109,31 @@ class TuningLog:
             except LogError as exc:
                 if strict:
                     raise
-                problems.append(Problem(part, str(exc)))
+                problems.append(_problem(part, exc))
                 continue
             for i, row in enumerate(rows):
                 try:
                     records.append(TuningRecord.model_validate(_decode(row)))
                 except (ValidationError, ValueError) as exc:
-                    msg = f"{part.name}: row {i} fails validation: {_first_error(exc)}"
+                    msg = f"{part}: row {i} fails validation: {_first_error(exc)}"
                     if strict:
                         raise LogError(msg) from exc
                     problems.append(Problem(part, msg))
+        if not strict:
+            problems += self._stale()
         return records, problems
 
     def records(self) -> list[TuningRecord]:
-        return self.read(strict=True)[0]
+        """Every good record: damaged parts and invalid rows are skipped with a warning naming them,
+        a part of another schema version is refused (LogVersionError)."""
+        records, problems = self.read(strict=False)
+        for p in problems:
+            if p.kind == "version":
+                raise LogVersionError(p.reason)
+        self.skipped = problems
+        for p in problems:
+            _warn_once(self.path, p)
+        return records
 
     def for_task(self, task_signature: str, target_key: str, threads: int | None = None) -> list[TuningRecord]:
         """Records of this task on this target (and thread count, when given)."""
@@ -116,33 +150,28 @@ class TuningLog:
 
     def repair(self) -> list[Path]:
         """Move every unreadable part into `quarantine/` (never deletes); a part with some invalid
-        rows is moved too, after its valid rows are re-appended as a new part. Returns moved paths."""
-        moved: list[Path] = []
-        bad_parts: dict[Path, list[TuningRecord]] = {}
-        for part in self.parts():
-            try:
-                rows = _read_part(part).to_pylist()
-            except LogError:
-                bad_parts[part] = []
-                continue
-            good, invalid = [], False
-            for row in rows:
+        rows is moved too, after its valid rows are re-appended as a new part; stale temporary parts
+        are recovered when whole, moved aside when not. Returns moved paths."""
+        with self.writer():
+            moved = self._recover()
+            bad_parts: dict[Path, list[TuningRecord]] = {}
+            for part in self.parts():
                 try:
-                    good.append(TuningRecord.model_validate(_decode(row)))
-                except (ValidationError, ValueError):
-                    invalid = True
-            if invalid:
-                bad_parts[part] = good
-        if not bad_parts:
-            return moved
-        aside = self.path / QUARANTINE
-        aside.mkdir(exist_ok=True)
-        for part, salvaged in bad_parts.items():
-            self.append(salvaged)
-            target = aside / part.name
-            os.replace(part, target)
-            moved.append(target)
-        _fsync_dir(self.path)
+                    rows = _read_part(part).to_pylist()
+                except LogError:
+                    bad_parts[part] = []
+                    continue
+                good, invalid = [], False
+                for row in rows:
+                    try:
+                        good.append(TuningRecord.model_validate(_decode(row)))
+                    except (ValidationError, ValueError):
+                        invalid = True
+                if invalid:
+                    bad_parts[part] = good
+            for part, salvaged in bad_parts.items():
+                self.append(salvaged)
+                moved.append(self._move_aside(part))
         return moved
 
     def export_jsonl(self, out: str | os.PathLike[str]) -> int:
@@ -151,6 +180,51 @@ class TuningLog:
             for r in records:
                 fh.write(r.model_dump_json() + "\n")
         return len(records)
+
+    def _stale(self) -> list[Problem]:
+        """Temporary parts no live writer is writing."""
+        tmps = stale_parts(self.path)
+        if not tmps or holder(self.path) is not None:
+            return []
+        return [Problem(t, f"{t}: a part an interrupted writer left under its temporary name; the next session "
+                           "on this log (or `log check --repair`) recovers it if whole, else moves it aside", "stale")
+                for t in tmps]
+
+    def _recover(self) -> list[Path]:
+        """Under the writer lock, every temporary part is stale: rename a whole one into place, move
+        an incomplete one to `quarantine/`. Returns the moved paths."""
+        moved = []
+        for tmp in stale_parts(self.path):
+            try:
+                count = len([TuningRecord.model_validate(_decode(row)) for row in _read_part(tmp).to_pylist()])
+            except (LogError, ValidationError, ValueError):
+                moved.append(self._move_aside(tmp))
+                logger.warning("%s: an incomplete part left by an interrupted writer; moved to %s", tmp, moved[-1])
+                continue
+            try:
+                os.replace(tmp, final_name(tmp))
+            except OSError as exc:
+                raise LogWriteError(f"{tmp}: cannot recover this part ({exc.strerror or exc})") from exc
+            logger.warning("%s: recovered %d records an interrupted writer had written but not renamed into place",
+                           tmp, count)
+        return moved
+
+    def _move_aside(self, part: Path) -> Path:
+        aside = self.path / QUARANTINE
+        try:
+            aside.mkdir(exist_ok=True)
+            os.replace(part, aside / part.name)
+        except OSError as exc:
+            raise LogWriteError(f"{part}: cannot move it to {aside} ({exc.strerror or exc})") from exc
+        return aside / part.name
+
+    def _write_error(self, table: pa.Table, exc: BaseException) -> LogWriteError:
+        reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+        saved = rescue(table)
+        kept = (f"; they are saved in {saved} (`tunaflow log merge {self.path} {saved}` adds them back)" if saved
+                else "; saving them under the temp directory failed too")
+        return LogWriteError(f"{self.path}: cannot write a log part ({reason}); the {table.num_rows} records of this "
+                             f"batch are not in the log, the parts already there are intact{kept}")
 
 
 def rank_key(record: TuningRecord) -> tuple[int, float]:
@@ -162,14 +236,15 @@ def rank_key(record: TuningRecord) -> tuple[int, float]:
 def merge(sources: Iterable[str | os.PathLike[str]], dest: str | os.PathLike[str]) -> int:
     """Append every record of `sources` into `dest` (one part), skipping exact duplicates."""
     out = TuningLog(dest)
-    seen = {_identity(r) for r in out.records()}
-    fresh: list[TuningRecord] = []
-    for src in sources:
-        for r in TuningLog(src).records():
-            if _identity(r) not in seen:
-                seen.add(_identity(r))
-                fresh.append(r)
-    out.append(fresh)
+    with out.writer():
+        seen = {_identity(r) for r in out.records()}
+        fresh: list[TuningRecord] = []
+        for src in sources:
+            for r in TuningLog(src).records():
+                if _identity(r) not in seen:
+                    seen.add(_identity(r))
+                    fresh.append(r)
+        out.append(fresh)
     return len(fresh)
 
 
@@ -196,7 +271,7 @@ def _read_part(part: Path) -> pa.Table:
     if version is None:
         raise LogError(f"{part}: no {VERSION_KEY} in its metadata; not a tunaflow log part")
     if version.decode() != str(SCHEMA_VERSION):
-        raise LogError(
+        raise LogVersionError(
             f"{part}: schema version {version.decode()}, this tunaflow reads version {SCHEMA_VERSION}"
         )
     try:
@@ -216,9 +291,18 @@ def _first_error(exc: Exception) -> str:
     return str(exc)
 
 
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+
+def _problem(part: Path, exc: LogError) -> Problem:
+    return Problem(part, str(exc), "version" if isinstance(exc, LogVersionError) else "damaged")
+
+
+def _warn_once(log: Path, p: Problem) -> None:
+    """One warning per problem per process: a session reads its log many times."""
+    if (p.path, p.reason) in _warned:
+        return
+    _warned.add((p.path, p.reason))
+    if p.kind == "stale":
+        logger.warning("%s", p.reason)
+    else:
+        logger.warning("%s; skipped, every other record is read (`tunaflow log check %s --repair` moves it aside)",
+                       p.reason, log)

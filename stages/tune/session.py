@@ -1,18 +1,24 @@
 """The tuning loop for one task, outside any search policy: budget, resume, log, observers.
 
 `TuningSession` is driven step by step (propose → build → measure → record) so the Prefect
-flow can make each step a task run, and `run_session` drives it directly.
+flow can make each step a task run, and `run_session` drives it directly. A session holds its
+log's writer lock from its start (before it reads what the budget counts) until `close()` or
+until it is garbage, so two sessions on one log cannot both spend the budget. Records of
+`unknown` errors (the measuring infrastructure failed, e.g. a tracker outage) say nothing about
+their configs: a resumed session neither counts them toward its trials nor excludes their
+configs, so a rerun measures them again.
 """
 
 from __future__ import annotations
 
 import time
 import uuid
+import weakref
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from schemas.config import Config
-from schemas.measure import MeasureResult
+from schemas.measure import MeasureErrorNo, MeasureResult
 from schemas.options import TuningOptions
 from schemas.record import TuningRecord
 from schemas.target import Target
@@ -68,14 +74,33 @@ class TuningSession:
         self.task, self.target, self.options, self.log = task, target, options, log
         self.observers = observers or []
         self.session_id = uuid.uuid4().hex[:12]
+        self._release = weakref.finalize(self, log.writer().release)
+        try:
+            self._start(task, target, options, log)
+        except BaseException:
+            self.close()
+            raise
+
+    def close(self) -> None:
+        """Release the log's writer lock (idempotent; also done when the session is garbage)."""
+        self._release()
+
+    def __enter__(self) -> TuningSession:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _start(self, task: TuningTask, target: Target, options: TuningOptions, log: TuningLog) -> None:
         self.template = template_for(task)
         self.space = self.template.space(task, target)
         transfer = load_transfer(options.transfer_from, task, target.key, options.measure.threads)
-        # Re-measurements are not trials; records of another template version measured other code.
+        # Re-measurements are not trials; records of another template version measured other code;
+        # an `unknown` error is the infrastructure's, not the config's.
         previous = [r for r in log.for_task(task.signature, target.key, options.measure.threads)
-                    if r.tuner != REMEASURE and r.template_version == self.template.VERSION]
+                    if r.tuner != REMEASURE and r.template_version == self.template.VERSION and _informative(r)]
         known = {r.config.index for r in previous}
-        copied = [r for r in _first_per_config(transfer.exact)
+        copied = [r for r in _first_per_config(tuple(filter(_informative, transfer.exact)))
                   if r.config.index not in known and r.template_version == self.template.VERSION]
         log.append(copied)
         previous += copied
@@ -154,6 +179,11 @@ class TuningSession:
                               time.monotonic() - self._started, self.best, dict(self.errors))
 
 
+def _informative(record: TuningRecord) -> bool:
+    """Whether a record tells anything about its config (an `unknown` error does not: retry it)."""
+    return record.result.error_no != MeasureErrorNo.unknown
+
+
 def _first_per_config(records: tuple[TuningRecord, ...]) -> list[TuningRecord]:
     """One record per config (another log may hold re-measurements)."""
     out: dict[int, TuningRecord] = {}
@@ -195,8 +225,8 @@ def run_session(task: TuningTask, target: Target, options: TuningOptions, log: T
 def run_session_with_default(task: TuningTask, target: Target, options: TuningOptions, log: TuningLog,
                              observers: list[Observer] | None = None) -> tuple[SessionSummary, MeasureResult]:
     """Tune one task directly and measure its default schedule with the same builder and runner."""
-    session = TuningSession(task, target, options, log, observers)
-    with Builder.for_options(options.measure) as builder, \
+    with TuningSession(task, target, options, log, observers) as session, \
+            Builder.for_options(options.measure) as builder, \
             make_runner(options.runner, options.measure) as runner:
         default = measure_default_config(builder, runner, task, target)
         drive(session, builder, runner)

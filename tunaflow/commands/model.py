@@ -301,7 +301,7 @@ def tune_model(model: Path, target, options, log: Path, output: Path, input_shap
             shapes = parse_input_shapes(input_shape)
             r = flow(str(model), target.to_string() if target.name != "host" else "host", options, str(log),
                      str(output), shapes, str(charts_dir), scheduler, progress=not quiet, verify=verify)
-        except (ModelError, BuildError) as exc:
+        except (ModelError, BuildError, LogError) as exc:
             raise fail(str(exc)) from exc
         tasks, summaries, manifest, fallback, verification, charts = (
             r[k] for k in ("tasks", "summaries", "manifest", "fallback", "verification", "charts"))
@@ -318,9 +318,12 @@ def tune_model(model: Path, target, options, log: Path, output: Path, input_shap
 
         with ModelProgress([t.task.description for t in tasks], options.n_trials,
                            every=options.batch_size) as view:
-            summaries = tune_tasks([t.task for t in tasks], [t.weight for t in tasks], target, options,
-                                   TuningLog(log), options.n_trials, scheduler,
-                                   (lambda t: [] if quiet else [view.observer(t.description)]))
+            try:
+                summaries = tune_tasks([t.task for t in tasks], [t.weight for t in tasks], target, options,
+                                       TuningLog(log), options.n_trials, scheduler,
+                                       (lambda t: [] if quiet else [view.observer(t.description)]))
+            except LogError as exc:  # unwritable or busy log: one line, the records already there are intact
+                raise fail(str(exc)) from exc
         manifest, fallback, verification = _build(model, graph, target, output, options.measure.threads, log,
                                                   quiet=True, verify=verify)
         charts = [str(p) for p in log_charts(TuningLog(log), charts_dir, target.key, options.measure.threads)]

@@ -123,13 +123,19 @@ def tune(task, target, options, log: Path, prefect: bool, show_progress: bool, t
             raise fail(str(exc)) from exc
         if runner is not None:
             flow = flow.with_options(task_runner=runner)
-        return flow(task, target.to_string() if target.name != "host" else "host", options, str(log),
-                    progress=show_progress, distributed_builds=is_distributed(task_runner))
+        try:
+            return flow(task, target.to_string() if target.name != "host" else "host", options, str(log),
+                        progress=show_progress, distributed_builds=is_distributed(task_runner))
+        except LogError as exc:  # unwritable or busy log: one line, the records already there are intact
+            raise fail(str(exc)) from exc
     observers = []
     with TerminalProgress(task.description, options.n_trials, every=options.batch_size) as bar:
         if show_progress:
             observers.append(bar)
-        summary, default = run_session_with_default(task, target, options, TuningLog(log), observers)
+        try:
+            summary, default = run_session_with_default(task, target, options, TuningLog(log), observers)
+        except LogError as exc:
+            raise fail(str(exc)) from exc
     return op_report(summary, default, numpy_gflops(task, options.measure.threads), str(log))
 
 
