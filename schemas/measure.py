@@ -20,6 +20,7 @@ class MeasureErrorNo(IntEnum):
     build_timeout = 6
     run_timeout = 7
     unknown = 8
+    implausible_result = 9  # a device's result no correct measurement can give (cost <= 0, NaN, past peak)
 
 
 class MeasureResult(BaseModel):

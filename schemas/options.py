@@ -34,6 +34,8 @@ class RunnerSpec(BaseModel):
     host: str = "127.0.0.1"
     port: int = Field(default=9190, ge=1, le=65535)
     token_file: str | None = Field(default=None, description="else the TUNAFLOW_RPC_TOKEN variable")
+    scheme: Literal["http", "https"] = "http"
+    tls_ca: str | None = Field(default=None, description="CA file an https tracker's certificate is verified with")
 
     @model_validator(mode="after")
     def _rpc_needs_key(self) -> RunnerSpec:

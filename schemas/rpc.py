@@ -1,15 +1,18 @@
 """Every message between an RPC client, the tracker and a device agent.
 
 The object code travels base64-encoded inside JSON; its size is bounded here and the whole
-request body is bounded again by the server, so no field can grow without limit.
+request body is bounded again by the server, so no field can grow without limit. Results from
+devices travel as raw JSON objects: each is parsed and judged on its own by whoever receives it
+(`stages.measure.plausible.judge`), so one malformed or lying result never costs the others.
 """
 
 from __future__ import annotations
 
 import base64
+import binascii
 from typing import Annotated
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, JsonValue, field_validator
 
 from schemas.measure import MeasureResult
 from schemas.options import MeasureOptions
@@ -24,7 +27,10 @@ Id = Annotated[str, Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_-]+
 
 
 class _Msg(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
+
+
+RawResult = Annotated[dict[str, JsonValue], Field(max_length=16)]  # a MeasureResult as sent, not yet trusted
 
 
 class MeasureJob(_Msg):
@@ -36,6 +42,15 @@ class MeasureJob(_Msg):
     obj_b64: str = Field(max_length=(MAX_OBJECT_BYTES * 4) // 3 + 4)
     options: MeasureOptions
     build_s: float = Field(default=0.0, ge=0)
+
+    @field_validator("obj_b64")
+    @classmethod
+    def _base64(cls, v: str) -> str:
+        try:
+            base64.b64decode(v, validate=True)
+        except binascii.Error as exc:
+            raise ValueError(f"the object is not base64: {exc}") from None
+        return v
 
     @classmethod
     def of(cls, task: TuningTask, target: Target, knobs: dict, obj: bytes, options: MeasureOptions,
@@ -67,7 +82,7 @@ class ResultsRequest(_Msg):
 class ResultsReply(_Msg):
     """Finished jobs among those asked for; each is handed out once, then forgotten."""
 
-    results: dict[str, MeasureResult]
+    results: dict[str, RawResult]
     unknown: list[str] = Field(default_factory=list, description="ids the tracker does not hold")
 
 
@@ -95,7 +110,11 @@ class NextRequest(_Msg):
 
 class ResultPost(_Msg):
     job_id: Id
-    result: MeasureResult
+    result: RawResult
+
+    @classmethod
+    def of(cls, job_id: str, result: MeasureResult) -> ResultPost:
+        return cls(job_id=job_id, result=result.model_dump(mode="json"))
 
 
 class DeviceStatus(_Msg):

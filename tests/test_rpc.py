@@ -20,7 +20,7 @@ from test_measure_kernels import FAST, TASK, build_of
 from schemas import MeasureErrorNo, MeasureResult
 from schemas.rpc import MeasureJob, SubmitRequest
 from stages.measure.builder import build_one
-from stages.rpc.auth import RequestSigner
+from stages.rpc.auth import REPLY_HEADER, RequestSigner, UntrustedResponse
 from stages.rpc.client import RPCRunner, TrackerClient, TrackerError
 from stages.rpc.tracker import TrackerState, _Agent
 from stages.templates import matmul
@@ -128,9 +128,11 @@ def test_faulty_kernels_are_recorded_and_the_agents_survive(cluster, host):
 
 
 def test_wrong_token_is_rejected(cluster):
-    resp = httpx.get(cluster.url + "/v1/status", auth=RequestSigner("not-the-token-0123456789"))
-    assert resp.status_code == 401 and "token" in resp.json()["detail"]
-    assert httpx.get(cluster.url + "/v1/status").status_code == 401
+    with pytest.raises(UntrustedResponse) as refused:  # the tracker cannot sign for a wrong token's request
+        httpx.get(cluster.url + "/v1/status", auth=RequestSigner("not-the-token-0123456789"))
+    assert refused.value.status_code == 401
+    resp = httpx.get(cluster.url + "/v1/status")
+    assert resp.status_code == 401 and "token" in resp.json()["detail"] and REPLY_HEADER not in resp.headers
     cli = subprocess.run([sys.executable, "-m", "tunaflow", "tracker", "status", "--tracker",
                           f"127.0.0.1:{cluster.port}"], cwd=ROOT, capture_output=True, text=True, timeout=60,
                          env={**os.environ, "TUNAFLOW_RPC_TOKEN": "not-the-token-0123456789"})

@@ -44,18 +44,29 @@ def _status(http: httpx.Client, method: str, path: str, **kw) -> int | None:
         return None
 
 
+def current_epoch(url: str, token: str, verify=True) -> str:
+    """The running tracker's epoch, learnt as a client learns it (from its signed answer)."""
+    signer = RequestSigner(token)
+    with httpx.Client(base_url=url, timeout=10, auth=signer, verify=verify) as http:
+        http.get(STATUS).raise_for_status()
+    return signer.epoch
+
+
 def bad_credentials(url: str, token: str, tally: Tally, n: int = 5) -> None:
-    """No signature, a wrong token, a garbage header, a bearer token, a stale timestamp, a body swapped
-    after signing: 401."""
+    """No signature, a wrong token, a garbage or non-ASCII header, a bearer token, a stale timestamp, a body
+    swapped after signing: 401."""
     wrong = RequestSigner("not-the-token-" + "x" * 16)
     body = b'{"job_ids": ["j1"], "wait_s": 0}'
+    epoch = current_epoch(url, token)
     with httpx.Client(base_url=url, timeout=10) as http:
         for _ in range(n):
-            stale = {AUTH_HEADER: signature(token, "GET", STATUS, b"", now=time.time() - 600)}
-            swapped = {AUTH_HEADER: signature(token, "POST", "/v1/jobs/results", body)}
+            stale = {AUTH_HEADER: signature(token, "GET", STATUS, b"", now=time.time() - 600, epoch=epoch)}
+            swapped = {AUTH_HEADER: signature(token, "POST", "/v1/jobs/results", body, epoch=epoch)}
+            non_ascii = signature(token, "GET", STATUS, b"", epoch=epoch).encode()[:-1] + "é".encode()
             tally.expect("no token", _status(http, "GET", STATUS), 401)
             tally.expect("wrong token", _status(http, "GET", STATUS, auth=wrong), 401)
             tally.expect("garbage auth header", _status(http, "GET", STATUS, headers={AUTH_HEADER: "a b c d"}), 401)
+            tally.expect("non-ASCII auth header", _status(http, "GET", STATUS, headers={AUTH_HEADER: non_ascii}), 401)
             tally.expect("bearer token", _status(http, "GET", STATUS, headers={"Authorization": f"Bearer {token}"}),
                          401)
             tally.expect("stale timestamp", _status(http, "GET", STATUS, headers=stale), 401)
@@ -66,9 +77,10 @@ def bad_credentials(url: str, token: str, tally: Tally, n: int = 5) -> None:
 
 def replayed(url: str, token: str, tally: Tally, n: int = 5) -> None:
     """A request captured once and sent again: the original is served, every copy refused."""
+    epoch = current_epoch(url, token)
     with httpx.Client(base_url=url, timeout=10) as http:
         for _ in range(n):
-            captured = {AUTH_HEADER: signature(token, "GET", STATUS, b"")}
+            captured = {AUTH_HEADER: signature(token, "GET", STATUS, b"", epoch=epoch)}
             tally.expect("original of a replay", _status(http, "GET", STATUS, headers=captured), 200)
             tally.expect("replayed request", _status(http, "GET", STATUS, headers=captured), 401)
 
@@ -84,6 +96,8 @@ def malformed(url: str, token: str, tally: Tally, n: int = 2) -> None:
         ("/v1/jobs", b'{"key": "dev", "jobs": [{"task": "x"}]}', 422),
         ("/v1/jobs", b"[" * 100_000 + b"]" * 100_000, 422),
         ("/v1/jobs/results", b'{"job_ids": [], "wait_s": 1e308}', 422),
+        ("/v1/jobs/results", b'{"job_ids": ["j1"], "wait_s": NaN}', 422),
+        ("/v1/agents/x/next", b'{"wait_s": Infinity}', 422),
         ("/v1/jobs/results", b'{"job_ids": ["' + b"a" * 100 + b'"]}', 422),
         ("/v1/agents", b'{"key": "dev", "target": {"triple": 7}}', 422),
         ("/v1/agents/" + "x" * 300 + "/next", b'{"wait_s": 0}', 404),

@@ -4,6 +4,9 @@ Measuring goes through the same `LocalRunner` as local tuning (a spawned worker 
 loads the shipped object, checks it against numpy and times it natively), so a crashing or
 hanging kernel costs a worker, never the agent. A heartbeat thread keeps the lease alive
 while a measurement runs; if the agent dies, the tracker gives its job to another device.
+The agent believes only answers signed for its request by a holder of the token, so whatever
+else answers on the tracker's address is refused (one log line) and never hands it code; a job
+it cannot understand is answered with an error result, never with the agent's death.
 """
 
 from __future__ import annotations
@@ -14,15 +17,16 @@ import socket
 import threading
 
 import httpx
+from pydantic import TypeAdapter, ValidationError
 
 from schemas.config import Config
 from schemas.measure import MeasureErrorNo, MeasureResult
 from schemas.options import MeasureOptions
-from schemas.rpc import Lease, RegisterReply, RegisterRequest, ResultPost
+from schemas.rpc import Id, Lease, RegisterReply, RegisterRequest, ResultPost
 from schemas.target import Target
 from stages.measure.artifact import BuildResult
 from stages.measure.runner import LocalRunner
-from stages.rpc.auth import RequestSigner
+from stages.rpc.auth import RequestSigner, UntrustedResponse
 
 log = logging.getLogger("tunaflow.agent")
 POLL_S = 10.0
@@ -30,13 +34,17 @@ RETRY_S = 1.0
 
 
 class Agent:
-    def __init__(self, tracker_url: str, key: str, token: str, target: Target, name: str = ""):
-        self.key, self.target = key, target
+    def __init__(self, tracker_url: str, key: str, token: str, target: Target, name: str = "",
+                 verify: bool | object = True):
+        self.key, self.target, self.url = key, target, tracker_url
         self.name = name or f"{socket.gethostname()}:{os.getpid()}"
-        self._http = httpx.Client(base_url=tracker_url, auth=RequestSigner(token),
+        self._http = httpx.Client(base_url=tracker_url, auth=RequestSigner(token), verify=verify,
                                   timeout=httpx.Timeout(10.0, read=POLL_S + 10.0))
         self._runner = LocalRunner(MeasureOptions())
         self._stop = threading.Event()
+        self._closed = False
+        self._beat_thread: threading.Thread | None = None
+        self._last_warning = ""
         self.agent_id: str | None = None
         self._heartbeat_s = 1.0
 
@@ -44,48 +52,80 @@ class Agent:
         req = RegisterRequest(key=self.key, target=self.target, name=self.name)
         reply = RegisterReply.model_validate(self._post("/v1/agents", req.model_dump(mode="json")).json())
         self.agent_id, self._heartbeat_s = reply.agent_id, reply.heartbeat_s
+        self._last_warning = ""
         log.info("registered as %s under key %s", self.agent_id, self.key)
 
     def serve(self) -> None:
-        """Pull and measure jobs until `stop()`; a lost tracker is retried, never fatal."""
+        """Pull and measure jobs until `stop()`; a lost or impersonated tracker is retried, never fatal."""
         self._runner.start()
-        beat = threading.Thread(target=self._beat, daemon=True, name="tunaflow-heartbeat")
-        beat.start()
+        self._beat_thread = threading.Thread(target=self._beat, daemon=True, name="tunaflow-heartbeat")
+        self._beat_thread.start()
         try:
             while not self._stop.is_set():
                 try:
                     if self.agent_id is None:
                         self.register()
-                    lease = self._next()
-                    if lease is not None:
-                        self._post_result(lease.job_id, self.measure(lease))
+                    job_id, lease = self._next()
+                    if job_id is not None:
+                        self._post_result(job_id, self.measure(lease) if isinstance(lease, Lease) else lease)
+                except UntrustedResponse as exc:
+                    self._warn("untrusted", f"refused an answer from {self.url} not signed by the tracker ({exc}); "
+                               "nothing from it is used")
+                    self.agent_id = None
+                    self._stop.wait(RETRY_S)
                 except httpx.HTTPStatusError as exc:
                     if exc.response.status_code == 404:
                         self.agent_id = None  # the tracker forgot us (restart or timeout): register again
                     else:
-                        log.warning("tracker refused: %s %s", exc.response.status_code, exc.response.text[:200])
+                        self._warn("refused", f"tracker refused: {exc.response.status_code} {exc.response.text[:200]}")
                         self._stop.wait(RETRY_S)
                 except httpx.TransportError as exc:
-                    log.warning("tracker unreachable: %s", exc)
+                    self._warn("unreachable", f"tracker unreachable: {exc}")
                     self.agent_id = None
+                    self._stop.wait(RETRY_S)
+                except (ValidationError, ValueError) as exc:
+                    self._warn("unusable", f"unusable answer from the tracker: {str(exc).splitlines()[0]}")
                     self._stop.wait(RETRY_S)
         finally:
             self.close()
 
+    def _warn(self, kind: str, msg: str) -> None:
+        """Log a problem once when it starts, not once a second while it lasts."""
+        if kind != self._last_warning:
+            log.warning("%s", msg)
+        self._last_warning = kind
+
     def measure(self, lease: Lease) -> MeasureResult:
+        """The job's result; anything wrong with the job itself is an error result, never an exception."""
         job = lease.job
         if job.target.triple != self.target.triple:
             return MeasureResult(error_no=MeasureErrorNo.runtime_error, build_s=job.build_s,
                                  error_msg=f"object built for {job.target.triple}, this device is {self.target.triple}")
-        build = BuildResult(job.task, job.target, Config(index=0, knobs=job.knobs), job.obj, job.build_s)
-        return self._runner.run_one(build, job.options)
+        try:
+            build = BuildResult(job.task, job.target, Config(index=0, knobs=job.knobs), job.obj, job.build_s)
+            return self._runner.run_one(build, job.options)
+        except Exception as exc:  # the boundary: whatever the job holds, the agent answers and goes on
+            return _bad_job(f"{type(exc).__name__}: {exc}")
 
-    def _next(self) -> Lease | None:
+    def _next(self) -> tuple[str | None, Lease | MeasureResult | None]:
+        """(job id, its lease) or, for a job that cannot be read, (job id, the error result); (None, None) if idle."""
         resp = self._post(f"/v1/agents/{self.agent_id}/next", {"wait_s": POLL_S})
-        return None if resp.status_code == 204 else Lease.model_validate(resp.json())
+        if resp.status_code == 204:
+            return None, None
+        raw = resp.json()
+        try:
+            return (lease := Lease.model_validate(raw)).job_id, lease
+        except ValidationError as exc:
+            job_id = raw.get("job_id") if isinstance(raw, dict) else None
+            try:
+                job_id = _ID.validate_python(job_id)
+            except ValidationError:
+                raise exc from None
+            first = exc.errors()[0]
+            return job_id, _bad_job(f"{'.'.join(str(p) for p in first['loc'])}: {first['msg']}")
 
     def _post_result(self, job_id: str, result: MeasureResult) -> None:
-        body = ResultPost(job_id=job_id, result=result).model_dump(mode="json")
+        body = ResultPost.of(job_id, result).model_dump(mode="json")
         for attempt in range(3):
             try:
                 self._post(f"/v1/agents/{self.agent_id}/result", body)
@@ -107,14 +147,20 @@ class Agent:
                 continue
             try:
                 self._http.post(f"/v1/agents/{agent_id}/heartbeat")
-            except httpx.HTTPError as exc:
+            except (httpx.HTTPError, RuntimeError) as exc:  # RuntimeError: the client closed under us
                 log.debug("heartbeat failed: %s", exc)
 
     def stop(self) -> None:
         self._stop.set()
 
     def close(self) -> None:
+        """Leave the tracker and stop the worker; safe to call twice and from an interrupt."""
         self._stop.set()
+        if self._closed:
+            return
+        self._closed = True
+        if self._beat_thread is not None:
+            self._beat_thread.join(1.0)
         if self.agent_id is not None:
             try:
                 self._http.delete(f"/v1/agents/{self.agent_id}", timeout=2.0)
@@ -122,3 +168,10 @@ class Agent:
                 pass
         self._runner.close()
         self._http.close()
+
+
+_ID = TypeAdapter(Id)
+
+
+def _bad_job(why: str) -> MeasureResult:
+    return MeasureResult(error_no=MeasureErrorNo.runtime_error, error_msg=f"malformed job: {why}"[:2000])

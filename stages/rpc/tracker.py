@@ -3,7 +3,8 @@
 State lives in one asyncio event loop (no locks). A reaper drops agents whose heartbeats
 stop and puts their job back in its queue; after `max_retries` requeues, or when no device
 takes a job within its queue timeout, the job finishes as an error, so every submitted job
-gets exactly one result.
+gets exactly one result. A device's result is judged against its job before it is kept (see
+`stages.measure.plausible`), so a lying or malformed one finishes its job as an error.
 """
 
 from __future__ import annotations
@@ -16,7 +17,9 @@ import time
 from collections import deque
 from dataclasses import dataclass, field
 
-from fastapi import FastAPI, HTTPException, Response
+from fastapi import FastAPI, HTTPException, Request, Response
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
 
 from schemas.measure import MeasureErrorNo, MeasureResult
 from schemas.rpc import (
@@ -35,10 +38,13 @@ from schemas.rpc import (
     TrackerStatus,
 )
 from schemas.target import Target
+from stages.measure.plausible import judge
 from stages.rpc.auth import DEFAULT_MAX_BODY, Guard
+from stages.rpc.slots import IDLE_S, LIMIT, protocol, raise_fd_limit
+
+__all__ = ["IDLE_S", "TrackerState", "create_app", "serve"]
 
 REAP_EVERY_S = 0.25
-IDLE_S = 10.0  # a connection with no request in progress for this long is closed
 
 
 @dataclass
@@ -172,7 +178,8 @@ class TrackerState:
 
 
 def create_app(token: str, agent_timeout_s: float = 5.0, max_retries: int = 2,
-               max_body: int = DEFAULT_MAX_BODY) -> FastAPI:
+               max_body: int = DEFAULT_MAX_BODY, trusted: set | None = None) -> FastAPI:
+    """The tracker's routes behind the Guard; `trusted` is shared with the connection slots."""
     state = TrackerState(agent_timeout_s=agent_timeout_s, max_retries=max_retries)
 
     @contextlib.asynccontextmanager
@@ -189,8 +196,14 @@ def create_app(token: str, agent_timeout_s: float = 5.0, max_retries: int = 2,
         task.cancel()
 
     app = FastAPI(title="tunaflow tracker", lifespan=lifespan, openapi_url=None)
-    app.add_middleware(Guard, token=token, max_body=max_body)
+    app.add_middleware(Guard, token=token, max_body=max_body, trusted=trusted)
     app.state.tracker = state
+
+    @app.exception_handler(RequestValidationError)
+    async def invalid(request: Request, exc: RequestValidationError) -> JSONResponse:
+        """One line per problem, without echoing the input (a NaN in it would make the answer unencodable)."""
+        lines = [f"{'.'.join(str(p) for p in e['loc'] if p != 'body') or 'body'}: {e['msg']}" for e in exc.errors()]
+        return JSONResponse({"detail": "; ".join(lines)[:2000]}, status_code=422)
 
     def agent_of(agent_id: str) -> _Agent:
         agent = state.agents.get(agent_id)
@@ -236,7 +249,7 @@ def create_app(token: str, agent_timeout_s: float = 5.0, max_retries: int = 2,
             agent.measured += 1
         job = state.jobs.get(req.job_id)
         if job is not None and job.result is None and job.agent_id == agent_id:
-            state.finish(job, req.result)
+            state.finish(job, judge(req.result, job.job.task, job.job.target, job.job.options.threads))
         state.notify()
         return Response(status_code=204)
 
@@ -254,7 +267,8 @@ def create_app(token: str, agent_timeout_s: float = 5.0, max_retries: int = 2,
                 for j in done:
                     del state.jobs[j]
                 unknown = [j for j in req.job_ids if j not in state.jobs and j not in done]
-                return ResultsReply(results=done, unknown=unknown)
+                return ResultsReply(results={j: r.model_dump(mode="json") for j, r in done.items()},
+                                    unknown=unknown)
             await state.wait(deadline - time.monotonic())
 
     @app.get("/v1/status")
@@ -265,33 +279,13 @@ def create_app(token: str, agent_timeout_s: float = 5.0, max_retries: int = 2,
 
 
 def serve(token: str, host: str = "127.0.0.1", port: int = 9190, agent_timeout_s: float = 5.0,
-          max_retries: int = 2, max_body: int = DEFAULT_MAX_BODY) -> None:
-    """Run the tracker until interrupted."""
+          max_retries: int = 2, max_body: int = DEFAULT_MAX_BODY, tls_cert: str | None = None,
+          tls_key: str | None = None) -> None:
+    """Run the tracker until interrupted (over TLS when given a certificate and its key)."""
     import uvicorn
-    from uvicorn.protocols.http.h11_impl import H11Protocol
 
-    class BoundedIdle(H11Protocol):
-        """Closes a connection that serves no request for IDLE_S: uvicorn counts open connections
-        against `limit_concurrency` and never times out a request head that is still arriving, so
-        a few hundred half-sent requests (slowloris) would otherwise lock everyone out with 503s."""
-
-        def connection_made(self, transport) -> None:
-            super().connection_made(transport)
-            self._idle = self.loop.call_later(IDLE_S, self._close_if_idle)
-
-        def on_response_complete(self) -> None:
-            super().on_response_complete()
-            self._idle.cancel()
-            self._idle = self.loop.call_later(IDLE_S, self._close_if_idle)
-
-        def connection_lost(self, exc) -> None:
-            self._idle.cancel()
-            super().connection_lost(exc)
-
-        def _close_if_idle(self) -> None:
-            if (self.cycle is None or self.cycle.response_complete) and not self.transport.is_closing():
-                self.transport.close()
-
-    app = create_app(token, agent_timeout_s, max_retries, max_body)
-    uvicorn.run(app, host=host, port=port, log_level="warning", timeout_keep_alive=30, limit_concurrency=256,
-                timeout_graceful_shutdown=3, http=BoundedIdle)
+    raise_fd_limit()
+    trusted: set = set()
+    app = create_app(token, agent_timeout_s, max_retries, max_body, trusted)
+    uvicorn.run(app, host=host, port=port, log_level="warning", timeout_keep_alive=30, limit_concurrency=LIMIT,
+                timeout_graceful_shutdown=3, http=protocol(trusted), ssl_certfile=tls_cert, ssl_keyfile=tls_key)
