@@ -6,6 +6,11 @@ its name, `batch=1`), then nodes are walked once in order: a node whose inputs a
 is evaluated with the numpy reference and becomes a constant (this folds initializer arithmetic
 and Shape/Gather/Concat/Unsqueeze/Reshape chains on shapes); every other node is normalised and
 its output shapes inferred.
+
+Memory is bounded before it is used (stages/extract/budget.py): each fold's result and scratch
+shapes are computed first and must fit in the constant budget, and every run-time tensor (inputs
+included) must fit in the per-tensor limit, so a tiny model cannot make the import, or the build
+after it, allocate gigabytes.
 """
 
 from __future__ import annotations
@@ -16,12 +21,14 @@ from pathlib import Path
 
 import numpy as np
 import onnx
-from google.protobuf.message import DecodeError
 from onnx import helper, numpy_helper
 
+from stages.extract.budget import DEFAULT_TENSOR_MB, Budget
 from stages.extract.errors import ModelError, UnsupportedOpsError
+from stages.extract.external import read_model
+from stages.extract.folding import FOLD_ONLY, scratch
 from stages.extract.normalize import NORMALIZERS, Ctx
-from stages.extract.shapes import infer
+from stages.extract.shapes import SHAPES, infer
 from stages.extract.weights import has_data
 from stages.graph.ir import Graph, Node, Value
 from stages.graph.reference import OPS
@@ -29,39 +36,6 @@ from stages.graph.reference import OPS
 MIN_OPSET = 6  # the issue asks for 9+; 6-8 differ only in legacy broadcasting, which we handle
 
 
-def _fold_constant(raw: dict, args: list[np.ndarray], ctx: Ctx) -> np.ndarray:
-    if "value" in raw:
-        return numpy_helper.to_array(raw["value"])
-    for key, dtype in (("value_float", np.float32), ("value_floats", np.float32), ("value_int", np.int64),
-                       ("value_ints", np.int64)):
-        if key in raw:
-            return np.asarray(raw[key], dtype=dtype)
-    raise ModelError(f"Constant {ctx.node!r}: only tensor, float and int values are supported")
-
-
-def _fold_const_of_shape(raw: dict, args: list[np.ndarray], ctx: Ctx) -> np.ndarray:
-    value = numpy_helper.to_array(raw["value"]) if "value" in raw else np.zeros(1, np.float32)
-    return np.full(tuple(int(d) for d in args[0]), value.reshape(-1)[0], dtype=value.dtype)
-
-
-def _fold_cast(raw: dict, args: list[np.ndarray], ctx: Ctx) -> np.ndarray:
-    return args[0].astype(helper.tensor_dtype_to_np_dtype(raw["to"]))
-
-
-# Ops that exist only to compute constants: they are evaluated at import and must have constant inputs.
-FOLD_ONLY: dict[str, Callable[[dict, list[np.ndarray], Ctx], np.ndarray]] = {
-    "Constant": _fold_constant,
-    "ConstantOfShape": _fold_const_of_shape,
-    "Cast": _fold_cast,
-    "Gather": lambda raw, args, ctx: np.take(args[0], args[1], axis=int(raw.get("axis", 0))),
-    "Range": lambda raw, args, ctx: np.arange(args[0], args[1], args[2], dtype=args[0].dtype),
-    "Expand": lambda raw, args, ctx: np.broadcast_to(args[0], np.broadcast_shapes(args[0].shape, tuple(args[1]))),
-    "Equal": lambda raw, args, ctx: np.equal(args[0], args[1]),
-    "Less": lambda raw, args, ctx: np.less(args[0], args[1]),
-    "Greater": lambda raw, args, ctx: np.greater(args[0], args[1]),
-    "Not": lambda raw, args, ctx: np.logical_not(args[0]),
-    "Where": lambda raw, args, ctx: np.where(args[0], args[1], args[2]),
-}
 # Ops answered from static shapes alone, whatever their input.
 SHAPE_ONLY: dict[str, Callable[[dict, tuple[int, ...]], np.ndarray]] = {
     "Shape": lambda raw, shape: np.array(shape[raw.get("start", 0): raw.get("end", len(shape))], dtype=np.int64),
@@ -87,18 +61,20 @@ def parse_input_shapes(items: list[str] | None) -> dict[str, tuple[int, ...]]:
 
 
 def load_model(model: str | Path | onnx.ModelProto, input_shapes: dict[str, tuple[int, ...]] | None = None,
-               name: str | None = None) -> Graph:
-    """Import an ONNX model (path or proto) as a Graph with static shapes."""
-    try:
-        proto = onnx.load(str(model)) if not isinstance(model, onnx.ModelProto) else model
-    except DecodeError as exc:
-        raise ModelError(f"{model}: not a readable ONNX model ({exc})") from None
+               name: str | None = None, *, max_constant_mb: float | None = None,
+               max_tensor_mb: float = DEFAULT_TENSOR_MB) -> Graph:
+    """Import an ONNX model (path or proto) as a Graph with static shapes.
+
+    `max_constant_mb` bounds what folding may compute (default: the larger of 256 MB and 4x the model's
+    own tensors), `max_tensor_mb` every run-time tensor (float32); either is a ModelError before allocating."""
+    proto = model if isinstance(model, onnx.ModelProto) else read_model(Path(model))
     graph_name = name or (Path(model).stem if not isinstance(model, onnx.ModelProto) else proto.graph.name)
     check_supported(proto)
     opset = _opset(proto)
     init_names = {t.name for t in proto.graph.initializer}
     consts = {t.name: _initializer(t) for t in proto.graph.initializer}
-    inputs = _bind_inputs([v for v in proto.graph.input if v.name not in init_names], input_shapes or {})
+    budget = Budget.for_model(_own_bytes(proto, consts), max_constant_mb, max_tensor_mb)
+    inputs = _bind_inputs([v for v in proto.graph.input if v.name not in init_names], input_shapes or {}, budget)
     used = {i for node in proto.graph.node for i in node.input} | {o.name for o in proto.graph.output}
     ctx = Ctx(opset=opset, op="", shapes={v.name: v.shape for v in inputs}, consts=consts, used=used)
     for n, arr in consts.items():
@@ -119,7 +95,7 @@ def load_model(model: str | Path | onnx.ModelProto, input_shapes: dict[str, tupl
         ctx.node, ctx.op = node_name, onode.op_type
         raw = {a.name: _attr(a) for a in onode.attribute}
         try:
-            _import_node(onode.op_type, node_name, ins, list(onode.output), raw, ctx, nodes, alias)
+            _import_node(onode.op_type, node_name, ins, list(onode.output), raw, ctx, nodes, alias, budget)
         except ModelError:
             raise
         except (ArithmeticError, KeyError, IndexError, TypeError, ValueError) as exc:  # a malformed node, named
@@ -163,8 +139,17 @@ def _initializer(t: onnx.TensorProto) -> np.ndarray:
                          "only); give it weights first with stages.extract.weights.fill_weights")
     try:
         return numpy_helper.to_array(t)
-    except (KeyError, TypeError, ValueError) as exc:
+    except (KeyError, TypeError, ValueError, OSError, onnx.checker.ValidationError) as exc:
         raise ModelError(f"initializer {t.name!r} cannot be read: {exc}") from None
+
+
+def _own_bytes(proto: onnx.ModelProto, consts: dict[str, np.ndarray]) -> int:
+    """Bytes of the tensors the model carries (initializers, Constant nodes), what the default budget scales with.
+
+    Constant nodes count by their serialised size: their declared dims could claim any size."""
+    stored = sum(a.t.ByteSize() for n in proto.graph.node if n.op_type == "Constant" for a in n.attribute
+                 if a.name == "value")
+    return sum(a.nbytes for a in consts.values()) + stored
 
 
 def _attr(a: onnx.AttributeProto):
@@ -174,7 +159,7 @@ def _attr(a: onnx.AttributeProto):
     return list(v) if isinstance(v, list | tuple) else v
 
 
-def _bind_inputs(vis: list[onnx.ValueInfoProto], bound: dict[str, tuple[int, ...]]) -> list[Value]:
+def _bind_inputs(vis: list[onnx.ValueInfoProto], bound: dict[str, tuple[int, ...]], budget: Budget) -> list[Value]:
     names = {v.name for v in vis}
     symbols = {d.dim_param for v in vis for d in v.type.tensor_type.shape.dim if d.dim_param}
     unknown = sorted(set(bound) - names - symbols)
@@ -208,12 +193,13 @@ def _bind_inputs(vis: list[onnx.ValueInfoProto], bound: dict[str, tuple[int, ...
                     label = repr(d.dim_param) if d.dim_param else "unnamed"
                     raise ModelError(f"input {v.name!r} has a dynamic dimension ({label}, axis {i}); bind it with "
                                      f"--input-shape {v.name}=" + "x".join(str(x.dim_value or "N") for x in dims))
+        budget.tensor(f"input {v.name!r}", shape)
         values.append(Value(v.name, tuple(shape)))
     return values
 
 
 def _import_node(op: str, name: str, ins: list[str], outs: list[str], raw: dict, ctx: Ctx, nodes: list[Node],
-                 alias: dict[str, str]) -> None:
+                 alias: dict[str, str], budget: Budget) -> None:
     if op in ALIASES:
         if op == "Dropout" and ctx.extra_outputs_read(outs):
             raise ModelError(f"Dropout {name!r}: its mask output is not supported")
@@ -232,28 +218,52 @@ def _import_node(op: str, name: str, ins: list[str], outs: list[str], raw: dict,
             ctx.shapes[outs[0]] = ctx.shapes[ins[0]]
             return
         args = [ctx.const(i, f"input {k}") for k, i in enumerate(ins) if i]
+        plan, fold = FOLD_ONLY[op]
         try:
-            _set_const(ctx, outs[0], FOLD_ONLY[op](raw, args, ctx))
+            planned = plan(raw, args, ctx)
+            if planned is not None:
+                budget.fold(op, name, planned)
+            value = fold(raw, args, ctx)
         except ModelError:
             raise
         except (ValueError, IndexError) as exc:
             raise ModelError(f"{op} {name!r}: folding failed: {exc}") from None
+        if planned is not None:
+            budget.spend([value])
+        _set_const(ctx, outs[0], value)
         return
     for new_op, new_ins, new_outs, attrs in NORMALIZERS[op](ins, outs, raw, ctx):
         live_ins = [i for i in new_ins if i]
         if all(i in ctx.consts for i in live_ins):
-            try:
-                results = OPS[new_op]([ctx.consts[i] for i in live_ins], attrs)
-            except (ValueError, IndexError) as exc:
-                raise ModelError(f"{op} {name!r}: folding its constant inputs failed: {exc}") from None
-            for out, res in zip(new_outs, results, strict=True):
-                _set_const(ctx, out, np.asarray(res))
+            _fold_normalised(op, name, new_op, new_outs, [ctx.consts[i] for i in live_ins], attrs, ctx, budget)
             continue
-        shapes = infer(new_op, name, [ctx.shapes[i] for i in live_ins], attrs)
+        in_shapes = [ctx.shapes[i] for i in live_ins]
+        shapes = infer(new_op, name, in_shapes, attrs)
         for out, shape in zip(new_outs, shapes, strict=True):
+            budget.tensor(f"{op} {name!r}", shape)
             ctx.shapes[out] = shape
+        for shape in scratch(new_op, in_shapes, attrs, shapes):  # what verifying it with the reference makes
+            budget.tensor(f"{op} {name!r}", shape, "scratch array")
         suffix = "" if len(new_outs) == len(outs) and new_outs[0] == outs[0] else f"/{new_op}"
         nodes.append(Node(name=name + suffix, op=new_op, inputs=live_ins, outputs=list(new_outs), attrs=attrs))
+
+
+def _fold_normalised(op: str, name: str, new_op: str, outs: list[str], args: list[np.ndarray], attrs: dict,
+                     ctx: Ctx, budget: Budget) -> None:
+    """Evaluate a normalised node on constant inputs, once its outputs and scratch are known to fit the budget."""
+    shapes = [a.shape for a in args]
+    try:
+        planned = SHAPES[new_op](shapes, attrs)
+        dtype = max((a.dtype for a in args), key=lambda d: d.itemsize)
+        budget.fold(op, name, [(s, dtype) for s in planned], scratch(new_op, shapes, attrs, planned))
+        results = [np.asarray(r) for r in OPS[new_op](args, attrs)]
+    except ModelError:
+        raise
+    except (ValueError, IndexError) as exc:
+        raise ModelError(f"{op} {name!r}: folding its constant inputs failed: {exc}") from None
+    budget.spend(results)
+    for out, res in zip(outs, results, strict=True):
+        _set_const(ctx, out, res)
 
 
 def _set_const(ctx: Ctx, name: str, value: np.ndarray) -> None:

@@ -1,0 +1,139 @@
+"""Import-time constant folding, planned before it is done.
+
+Each fold-only op (ops that exist to compute constants) comes as a pair: a plan, which says the
+shape and dtype of the result from the inputs' shapes and values alone, and the fold itself. The
+importer checks the plan against the constant budget (stages/extract/budget.py) first, so a
+ConstantOfShape of [100000, 100000] is refused without allocating anything. Normalised ops with
+constant inputs are folded by the numpy reference; `scratch` lists the float64 arrays it makes
+besides its outputs (padded inputs, accumulators), which must fit in the budget too.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+import numpy as np
+from onnx import helper, numpy_helper
+
+from stages.extract.errors import ModelError
+
+if TYPE_CHECKING:
+    from stages.extract.normalize import Ctx
+
+Shape = tuple[int, ...]
+Plan = list[tuple[Shape, np.dtype]] | None  # None: the model's own tensor, nothing is computed
+Planner = Callable[[dict, list[np.ndarray], "Ctx"], Plan]
+Folder = Callable[[dict, list[np.ndarray], "Ctx"], np.ndarray]
+BOOL = np.dtype(bool)
+
+
+def _constant(raw: dict, args: list[np.ndarray], ctx: Ctx) -> np.ndarray:
+    if "value" in raw:
+        return numpy_helper.to_array(raw["value"])
+    for key, dtype in (("value_float", np.float32), ("value_floats", np.float32), ("value_int", np.int64),
+                       ("value_ints", np.int64)):
+        if key in raw:
+            return np.asarray(raw[key], dtype=dtype)
+    raise ModelError(f"Constant {ctx.node!r}: only tensor, float and int values are supported")
+
+
+def _fill_value(raw: dict) -> np.ndarray:
+    return numpy_helper.to_array(raw["value"]).reshape(-1)[:1] if "value" in raw else np.zeros(1, np.float32)
+
+
+def _target_shape(arg: np.ndarray) -> Shape:
+    return tuple(int(d) for d in arg.reshape(-1))
+
+
+def _plan_const_of_shape(raw: dict, args: list[np.ndarray], ctx: Ctx) -> Plan:
+    return [(_target_shape(args[0]), _fill_value(raw).dtype)]
+
+
+def _const_of_shape(raw: dict, args: list[np.ndarray], ctx: Ctx) -> np.ndarray:
+    value = _fill_value(raw)
+    if args[0].ndim != 1:
+        raise ModelError(f"ConstantOfShape {ctx.node!r}: its shape input must be 1-D, it is {list(args[0].shape)}")
+    return np.full(_target_shape(args[0]), value[0], dtype=value.dtype)
+
+
+def _cast_dtype(raw: dict) -> np.dtype:
+    return np.dtype(helper.tensor_dtype_to_np_dtype(raw["to"]))
+
+
+def _scalars(args: list[np.ndarray], ctx: Ctx) -> list:
+    if any(a.size != 1 for a in args):
+        raise ModelError(f"Range {ctx.node!r}: start, limit and delta must be scalars, they have shapes "
+                         f"{[list(a.shape) for a in args]}")
+    return [a.reshape(-1)[0].item() for a in args]
+
+
+def _plan_range(raw: dict, args: list[np.ndarray], ctx: Ctx) -> Plan:
+    start, limit, delta = _scalars(args, ctx)
+    if not all(math.isfinite(v) for v in (start, limit, delta)) or delta == 0:
+        raise ModelError(f"Range {ctx.node!r}: start {start}, limit {limit} and delta {delta} must be finite, "
+                         "with a non-zero delta")
+    exact = all(isinstance(v, int) for v in (start, limit, delta))
+    count = -((start - limit) // delta) if exact else math.ceil((limit - start) / delta)
+    return [((max(count, 0),), args[0].dtype)]
+
+
+def _range(raw: dict, args: list[np.ndarray], ctx: Ctx) -> np.ndarray:
+    start, limit, delta = _scalars(args, ctx)
+    return np.arange(start, limit, delta, dtype=args[0].dtype)
+
+
+def _gather_axis(raw: dict, data: np.ndarray, ctx: Ctx) -> int:
+    axis = int(raw.get("axis", 0))
+    if not -data.ndim <= axis < data.ndim:
+        raise ModelError(f"Gather {ctx.node!r}: axis {axis} is out of range for its rank-{data.ndim} data")
+    return axis % data.ndim
+
+
+def _plan_gather(raw: dict, args: list[np.ndarray], ctx: Ctx) -> Plan:
+    data, idx = args
+    axis = _gather_axis(raw, data, ctx)
+    return [(data.shape[:axis] + idx.shape + data.shape[axis + 1:], data.dtype)]
+
+
+def _broadcast(*shapes: Shape) -> Shape:
+    return tuple(np.broadcast_shapes(*shapes))
+
+
+# Ops that exist only to compute constants: they are evaluated at import and must have constant inputs.
+FOLD_ONLY: dict[str, tuple[Planner, Folder]] = {
+    "Constant": (lambda raw, args, ctx: None, _constant),
+    "ConstantOfShape": (_plan_const_of_shape, _const_of_shape),
+    "Cast": (lambda raw, args, ctx: [(args[0].shape, _cast_dtype(raw))],
+             lambda raw, args, ctx: args[0].astype(_cast_dtype(raw))),
+    "Gather": (_plan_gather, lambda raw, args, ctx: np.take(args[0], args[1], axis=_gather_axis(raw, args[0], ctx))),
+    "Range": (_plan_range, _range),
+    "Expand": (lambda raw, args, ctx: [(_broadcast(args[0].shape, _target_shape(args[1])), args[0].dtype)],
+               lambda raw, args, ctx: np.broadcast_to(args[0], _broadcast(args[0].shape, _target_shape(args[1])))),
+    **{op: (lambda raw, args, ctx: [(_broadcast(args[0].shape, args[1].shape), BOOL)], fn)
+       for op, fn in (("Equal", lambda raw, args, ctx: np.equal(args[0], args[1])),
+                      ("Less", lambda raw, args, ctx: np.less(args[0], args[1])),
+                      ("Greater", lambda raw, args, ctx: np.greater(args[0], args[1])))},
+    "Not": (lambda raw, args, ctx: [(args[0].shape, BOOL)], lambda raw, args, ctx: np.logical_not(args[0])),
+    "Where": (lambda raw, args, ctx: [(_broadcast(*(a.shape for a in args)), np.result_type(args[1], args[2]))],
+              lambda raw, args, ctx: np.where(args[0], args[1], args[2])),
+}
+
+
+def scratch(op: str, shapes: list[Shape], attrs: dict, outputs: list[Shape]) -> list[Shape]:
+    """The float64 arrays the numpy reference makes when it folds `op` (stages/graph/reference.py), by shape."""
+    if op == "Conv":
+        (n, c, h, w), (pt, pl, pb, pr) = shapes[0], attrs["pads"]
+        return [(n, c, h + pt + pb, w + pl + pr), *outputs]
+    if op in ("MaxPool", "AveragePool"):
+        (*lead, h, w), (pt, pl, pb, pr), (sh, sw) = shapes[0], attrs["pads"], attrs["strides"]
+        return [(*lead, h + pt + pb + sh, w + pl + pr + sw), *outputs]
+    if op == "ConvTranspose":
+        (n, _, h, w), (_, _, kh, kw) = shapes[0], shapes[1]
+        (sh, sw), (dh, dw), (eh, ew) = attrs["strides"], attrs["dilations"], attrs["output_padding"]
+        return [(n, outputs[0][1], sh * (h - 1) + eh + (kh - 1) * dh + 1, sw * (w - 1) + ew + (kw - 1) * dw + 1)]
+    if op == "LRN":
+        x = shapes[0]
+        return [(x[0], x[1] + int(attrs["size"]) - 1, *x[2:])]
+    return []
