@@ -124,32 +124,35 @@ TENSOR_BOMBS: dict[str, Callable[[], onnx.ModelProto]] = {
 _CHILD = """
 import json, resource, sys
 from stages.extract import ModelError, load_model
-kwargs = json.loads(sys.argv[2])
-try:
-    load_model(sys.argv[1], **kwargs)
-    outcome, message = "ok", ""
-except ModelError as exc:
-    outcome, message = "ModelError", str(exc)
-except MemoryError as exc:
-    outcome, message = "MemoryError", str(exc)
-print(json.dumps({"outcome": outcome, "message": message,
-                  "peak_rss": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024}))
+kwargs = json.loads(sys.argv[1])
+for path in sys.argv[2:]:
+    try:
+        load_model(path, **kwargs)
+        outcome, message = "ok", ""
+    except ModelError as exc:
+        outcome, message = "ModelError", str(exc)
+    except MemoryError as exc:
+        outcome, message = "MemoryError", str(exc)
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    print(json.dumps({"outcome": outcome, "message": message, "peak_rss": peak}), flush=True)
 """
 
 
-def import_in_child(path: Path, limit_bytes: int = 2 * 2**30, timeout_s: float = 120.0, **kwargs) -> dict:
-    """Import `path` with load_model(**kwargs) in a fresh process whose address space is capped at `limit_bytes`.
+def import_in_child(paths: list[Path], limit_bytes: int = 2 * 2**30, timeout_s: float = 120.0,
+                    **kwargs) -> list[dict]:
+    """Import each of `paths` with load_model(**kwargs), in order, in one fresh process whose address space is
+    capped at `limit_bytes` (a regression fails with MemoryError instead of swapping).
 
-    Returns outcome ('ok', 'ModelError', 'MemoryError', or 'died: ...'), the error message and the child's
-    peak RSS in bytes (None if it died)."""
+    One dict per path: outcome ('ok', 'ModelError', 'MemoryError', or 'died: ...' for this path and the rest
+    when the child dies), the error message, and the child's peak RSS in bytes so far (a peak only grows, so
+    each is an upper bound of that import's own)."""
     def cap() -> None:
         resource.setrlimit(resource.RLIMIT_AS, (limit_bytes, limit_bytes))
 
     env = {**os.environ, "OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
-    proc = subprocess.run([sys.executable, "-c", _CHILD, str(path), json.dumps(kwargs)], capture_output=True,
+    proc = subprocess.run([sys.executable, "-c", _CHILD, json.dumps(kwargs), *map(str, paths)], capture_output=True,
                           text=True, timeout=timeout_s, preexec_fn=cap, env=env, cwd=ROOT)
-    lines = proc.stdout.strip().splitlines()
-    if proc.returncode != 0 or not lines:
-        tail = (proc.stderr.strip().splitlines() or [f"exit {proc.returncode}"])[-1]
-        return {"outcome": f"died: {tail[:200]}", "message": proc.stderr[-2000:], "peak_rss": None}
-    return json.loads(lines[-1])
+    results = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
+    tail = (proc.stderr.strip().splitlines() or [f"exit {proc.returncode}"])[-1][:200]
+    died = {"outcome": f"died: {tail}", "message": proc.stderr[-2000:], "peak_rss": None}
+    return results + [died] * (len(paths) - len(results))
