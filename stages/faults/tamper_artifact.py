@@ -67,12 +67,13 @@ def sign(lib: Path, key: bytes) -> None:
 
 
 def forge_library(lib: Path, marker: Path, copy_facts: bool = True, needs: Path | None = None,
-                  cc: str = "cc") -> Path:
+                  exported: bytes | None = None, cc: str = "cc") -> Path:
     """Replace model.so by a library whose constructor writes `marker` when it is loaded: with the honest
-    library's facts section copied in (`copy_facts`), and a DT_NEEDED on the library `needs`."""
+    library's facts section copied in (`copy_facts`), a DT_NEEDED on the library `needs`, and `exported`
+    as its `tf_facts` symbol instead of the section (a file that says one thing and a library another)."""
     facts = Elf((lib / LIBRARY).read_bytes()).section(SECTION) if copy_facts else None
     src = lib.parent / f"{lib.name}-forged.c"
-    src.write_text(_constructor_source(marker) + (_facts_source(facts) if facts else ""))
+    src.write_text(_constructor_source(marker) + (_facts_source(facts, exported) if facts else ""))
     extra = ["-Wl,--no-as-needed", str(needs)] if needs is not None else []
     subprocess.run([cc, "-shared", "-fPIC", "-o", str(lib / LIBRARY), str(src), *extra], check=True,
                    capture_output=True)
@@ -102,9 +103,12 @@ def _constructor_source(marker: Path) -> str:
             "void tf_run(void **in, void **out, char *w, char *ws) { (void)in; (void)out; (void)w; (void)ws; }\n")
 
 
-def _facts_source(section: bytes) -> str:
-    return (f"__attribute__((used, section(\"{SECTION}\"))) const char {SYMBOL}[{len(section)}] = "
-            f"{_c_bytes(section)};\n")
+def _facts_source(section: bytes, exported: bytes | None) -> str:
+    placed = f'__attribute__((used, section("{SECTION}"))) '
+    if exported is None:
+        return f"{placed}const char {SYMBOL}[{len(section)}] = {_c_bytes(section)};\n"
+    return (f"{placed}static const char in_section[{len(section)}] = {_c_bytes(section)};\n"
+            f"const char {SYMBOL}[{len(exported)}] = {_c_bytes(exported)};\n")
 
 
 def attempt(lib: Path, key: str | None = None, feeds: list[tuple[list[int], str]] | None = None,
