@@ -82,6 +82,8 @@ class ResultsRequest(_Msg):
 class ResultsReply(_Msg):
     """Finished jobs among those asked for; each is handed out once, then forgotten."""
 
+    model_config = ConfigDict(allow_inf_nan=True)  # results are judged by the receiver, NaN included
+
     results: dict[str, RawResult]
     unknown: list[str] = Field(default_factory=list, description="ids the tracker does not hold")
 
@@ -109,6 +111,8 @@ class NextRequest(_Msg):
 
 
 class ResultPost(_Msg):
+    model_config = ConfigDict(allow_inf_nan=True)  # the tracker judges the result, NaN included
+
     job_id: Id
     result: RawResult
 

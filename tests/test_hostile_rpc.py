@@ -83,7 +83,7 @@ def test_nonces_are_forgotten_after_the_window_and_old_requests_stay_refused():
         transport = httpx.ASGITransport(app=guard)
         async with httpx.AsyncClient(transport=transport, base_url="http://t", auth=RequestSigner(TOKEN)) as http:
             statuses = [(await http.get("/v1/status")).status_code for _ in range(50)]
-            captured = {AUTH_HEADER: signature(TOKEN, "GET", "/v1/status", b"")}
+            captured = {AUTH_HEADER: signature(TOKEN, "GET", "/v1/status", b"", epoch=guard.epoch)}
             statuses.append((await http.get("/v1/status", auth=None, headers=captured)).status_code)
             assert len(guard._seen) == 51
             await asyncio.sleep(0.5)

@@ -39,6 +39,6 @@ def test_a_tracker_killed_mid_batch_comes_back_and_serves(tmp_path, host):
             assert all(r.ok for r in results if r not in lost)
             c.wait_for(lambda s: sum(len(k.devices) for k in s.keys) == 1)
             after = runner.run(builds(host, 2, skip=50))
-        assert [r.error_no for r in after] == [MeasureErrorNo.no_error] * 2
+        assert [r.error_no for r in after] == [MeasureErrorNo.no_error] * 2, [r.error_msg for r in after]
     finally:
         c.close()

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import socket
+import threading
 import time
 from dataclasses import dataclass, field
 
@@ -55,7 +56,6 @@ def current_epoch(url: str, token: str, verify=True) -> str:
 def bad_credentials(url: str, token: str, tally: Tally, n: int = 5) -> None:
     """No signature, a wrong token, a garbage or non-ASCII header, a bearer token, a stale timestamp, a body
     swapped after signing: 401."""
-    wrong = RequestSigner("not-the-token-" + "x" * 16)
     body = b'{"job_ids": ["j1"], "wait_s": 0}'
     epoch = current_epoch(url, token)
     with httpx.Client(base_url=url, timeout=10) as http:
@@ -64,7 +64,8 @@ def bad_credentials(url: str, token: str, tally: Tally, n: int = 5) -> None:
             swapped = {AUTH_HEADER: signature(token, "POST", "/v1/jobs/results", body, epoch=epoch)}
             non_ascii = signature(token, "GET", STATUS, b"", epoch=epoch).encode()[:-1] + "é".encode()
             tally.expect("no token", _status(http, "GET", STATUS), 401)
-            tally.expect("wrong token", _status(http, "GET", STATUS, auth=wrong), 401)
+            wrong = {AUTH_HEADER: signature("not-the-token-" + "x" * 16, "GET", STATUS, b"", epoch=epoch)}
+            tally.expect("wrong token", _status(http, "GET", STATUS, headers=wrong), 401)
             tally.expect("garbage auth header", _status(http, "GET", STATUS, headers={AUTH_HEADER: "a b c d"}), 401)
             tally.expect("non-ASCII auth header", _status(http, "GET", STATUS, headers={AUTH_HEADER: non_ascii}), 401)
             tally.expect("bearer token", _status(http, "GET", STATUS, headers={"Authorization": f"Bearer {token}"}),
@@ -180,3 +181,48 @@ def burst(url: str, token: str, tally: Tally, n: int, concurrency: int = 64) -> 
     start = time.perf_counter()
     asyncio.run(run())
     return time.perf_counter() - start
+
+
+class IdleFlood:
+    """`n` connections that send nothing (no token needed), reopened as soon as the server closes one, from a
+    background thread until `stop()`: the flood that once filled every connection slot."""
+
+    def __init__(self, host: str, port: int, n: int):
+        self.host, self.port, self.n = host, port, n
+        self.opened = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True, name="idle-flood")
+        self._thread.start()
+
+    def _run(self) -> None:
+        socks: list[socket.socket] = []
+        try:
+            while not self._stop.is_set():
+                alive = []
+                for s in socks:
+                    try:
+                        s.setblocking(False)
+                        closed = s.recv(1) == b""
+                    except BlockingIOError:
+                        closed = False
+                    except OSError:
+                        closed = True
+                    if closed:
+                        s.close()
+                    else:
+                        alive.append(s)
+                socks = alive
+                while len(socks) < self.n and not self._stop.is_set():
+                    try:
+                        socks.append(socket.create_connection((self.host, self.port), timeout=2))
+                        self.opened += 1
+                    except OSError:
+                        break
+                self._stop.wait(0.05)
+        finally:
+            for s in socks:
+                s.close()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(10)

@@ -25,6 +25,7 @@ from schemas.options import MeasureOptions
 from schemas.rpc import Id, Lease, RegisterReply, RegisterRequest, ResultPost
 from schemas.target import Target
 from stages.measure.artifact import BuildResult
+from stages.measure.plausible import judge
 from stages.measure.runner import LocalRunner
 from stages.rpc.auth import RequestSigner, UntrustedResponse
 
@@ -103,9 +104,10 @@ class Agent:
                                  error_msg=f"object built for {job.target.triple}, this device is {self.target.triple}")
         try:
             build = BuildResult(job.task, job.target, Config(index=0, knobs=job.knobs), job.obj, job.build_s)
-            return self._runner.run_one(build, job.options)
+            result = self._runner.run_one(build, job.options)
         except Exception as exc:  # the boundary: whatever the job holds, the agent answers and goes on
             return _bad_job(f"{type(exc).__name__}: {exc}")
+        return judge(result, job.task, job.target, job.options.threads)  # a NaN timing is not even sendable
 
     def _next(self) -> tuple[str | None, Lease | MeasureResult | None]:
         """(job id, its lease) or, for a job that cannot be read, (job id, the error result); (None, None) if idle."""

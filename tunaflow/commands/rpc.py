@@ -46,13 +46,9 @@ def tracker_serve(
 
     Example: TUNAFLOW_RPC_TOKEN=... tunaflow tracker serve --host 127.0.0.1 --port 9190
     """
-    import math
-
     from stages.rpc.auth import TokenError, load_token
     from stages.rpc.tracker import serve
 
-    if not math.isfinite(agent_timeout):
-        raise fail(f"--agent-timeout must be a number of seconds, got {agent_timeout}")
     if (tls_cert is None) != (tls_key is None):
         raise fail("--tls-cert and --tls-key go together")
     for opt, path in (("--tls-cert", tls_cert), ("--tls-key", tls_key)):

@@ -1,0 +1,102 @@
+"""A process without the token that takes the tracker's port and hands agents an object (tests and attacks).
+
+It answers by the last segment of the path (`agents`, `next`, `heartbeat`, `result`, ...) with
+canned answers from a JSON script, either plain (what a process without the token can make) or
+captured earlier from the real tracker with their signature headers (a replay). Every request
+it gets is appended to a log, one line `METHOD PATH`, so a test can see whether an agent ever
+posted a result (which it only does after running the object). The payload is a canary object
+whose kernel creates a marker file: if the file exists, an agent ran code it should have refused.
+
+    python -m stages.faults.rogue_tracker --port 9190 --script script.json --log requests.log
+"""
+
+from __future__ import annotations
+
+import argparse
+import base64
+import json
+import os
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+
+def canary_object(target, marker: Path) -> bytes:
+    """An object exporting tf_main/tf_bench whose tf_main creates `marker` (via libc `creat`)."""
+    from llvmlite import ir
+
+    from stages.codegen.compile import compile_ir
+    from stages.codegen.harness import add_harness
+    from stages.codegen.irb import VOIDP
+
+    mod = ir.Module(name="canary")
+    mod.triple = target.triple
+    path = bytearray(str(marker).encode() + b"\0")
+    text = ir.GlobalVariable(mod, ir.ArrayType(ir.IntType(8), len(path)), name="marker")
+    text.initializer = ir.Constant(ir.ArrayType(ir.IntType(8), len(path)), path)
+    text.global_constant = True
+    creat = ir.Function(mod, ir.FunctionType(ir.IntType(32), [ir.IntType(8).as_pointer(), ir.IntType(32)]),
+                        name="creat")
+    main = ir.Function(mod, ir.FunctionType(ir.VoidType(), [VOIDP]), name="tf_main")
+    b = ir.IRBuilder(main.append_basic_block("entry"))
+    b.call(creat, [b.bitcast(text, ir.IntType(8).as_pointer()), ir.Constant(ir.IntType(32), 0o644)])
+    b.ret_void()
+    add_harness(mod, main)
+    return compile_ir(mod, target).data
+
+
+def plain(status: int, body: object) -> dict:
+    """A canned answer without any signature."""
+    return {"status": status, "headers": {"content-type": "application/json"}, "body": json.dumps(body)}
+
+
+def captured(response) -> dict:
+    """A canned answer copied from a real (signed) httpx response, signature header included."""
+    keep = {k: v for k, v in response.headers.items() if k.lower() not in ("content-length", "date", "server")}
+    return {"status": response.status_code, "headers": keep,
+            "body_b64": base64.b64encode(response.content).decode()}
+
+
+def _handler(routes: dict, log: Path):
+    class Handler(BaseHTTPRequestHandler):
+        def _answer(self) -> None:
+            length = int(self.headers.get("content-length") or 0)
+            if length:
+                self.rfile.read(length)
+            with log.open("a") as f:
+                f.write(f"{self.command} {self.path}\n")
+            route = routes.get(self.path.rstrip("/").rsplit("/", 1)[-1], {"status": 204, "headers": {}, "body": ""})
+            body = base64.b64decode(route["body_b64"]) if "body_b64" in route else route["body"].encode()
+            self.send_response(route["status"])
+            for k, v in route["headers"].items():
+                self.send_header(k, v)
+            self.send_header("content-length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        do_GET = do_POST = do_DELETE = _answer
+
+        def log_message(self, *args) -> None:
+            pass
+
+    return Handler
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--port", type=int, required=True)
+    parser.add_argument("--script", type=Path, required=True)
+    parser.add_argument("--log", type=Path, required=True)
+    args = parser.parse_args()
+    if os.environ.get("TUNAFLOW_RPC_TOKEN"):
+        raise SystemExit("the rogue tracker must run without the token")
+    routes = json.loads(args.script.read_text())
+    server = ThreadingHTTPServer(("127.0.0.1", args.port), _handler(routes, args.log))
+    server.daemon_threads = True
+    try:
+        server.serve_forever()
+    except KeyboardInterrupt:
+        server.server_close()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,161 @@
+"""Agents and clients trust only the tracker: a process without the token on the tracker's port, a replayed
+signed answer, and a request captured before a real tracker restart, all as real processes on 127.0.0.1."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+
+import httpx
+import pytest
+from test_measure_kernels import FAST, TASK
+from test_rpc import ROOT, TOKEN, Cluster
+from test_rpc_restart import builds
+
+from schemas import MeasureErrorNo
+from schemas.rpc import MeasureJob, SubmitRequest
+from stages.faults.rogue_tracker import canary_object, captured, plain
+from stages.rpc.auth import AUTH_HEADER, REPLY_HEADER, RequestSigner
+from stages.rpc.client import TrackerError
+from stages.templates import matmul
+
+REFUSED = "not signed by the tracker"
+
+
+class Rogue:
+    """The rogue tracker as a child process without the token, on `port`."""
+
+    def __init__(self, tmp, port: int, routes: dict, name: str):
+        script, self.log = tmp / f"{name}.json", tmp / f"{name}.requests"
+        script.write_text(json.dumps(routes))
+        self.log.write_text("")
+        env = {k: v for k, v in os.environ.items() if k != "TUNAFLOW_RPC_TOKEN"}
+        self.proc = subprocess.Popen([sys.executable, "-m", "stages.faults.rogue_tracker", "--port", str(port),
+                                      "--script", str(script), "--log", str(self.log)], cwd=ROOT, env=env)
+
+    def requests(self) -> list[str]:
+        return self.log.read_text().splitlines()
+
+    def wait_for(self, what: str, timeout: float = 30.0) -> None:
+        deadline = time.monotonic() + timeout
+        while not any(what in r for r in self.requests()):
+            assert time.monotonic() < deadline, f"no {what} request reached the rogue: {self.requests()}"
+            time.sleep(0.1)
+
+    def close(self) -> None:
+        self.proc.kill()
+        self.proc.wait()
+
+
+def lease_of(job_id: str, job: MeasureJob) -> dict:
+    return {"job_id": job_id, "job": job.model_dump(mode="json")}
+
+
+@pytest.fixture
+def canary(tmp_path, host):
+    marker = tmp_path / "canary-ran"
+    config = matmul.default_config(TASK, host)
+    return marker, MeasureJob.of(TASK, host, dict(config.knobs), canary_object(host, marker), FAST)
+
+
+def test_an_agent_refuses_a_rogue_and_a_replayed_answer_and_keeps_serving(tmp_path, host, canary):
+    marker, job = canary
+    c = Cluster(tmp_path, agent_timeout=1.0)
+    rogues: list[Rogue] = []
+    try:
+        # A holder of the token queues the canary and leases it as an agent would: the signed answers are
+        # what an eavesdropper on plain HTTP captures.
+        c.client.request("POST", "/v1/jobs", SubmitRequest(key="dev", jobs=[job]).model_dump(mode="json"))
+        with httpx.Client(base_url=c.url, auth=RequestSigner(TOKEN)) as spy:
+            reg = spy.post("/v1/agents", json={"key": "dev", "target": host.model_dump(mode="json"), "name": "spy"})
+            spy_id = reg.json()["agent_id"]
+            nxt = spy.post(f"/v1/agents/{spy_id}/next", json={"wait_s": 1})
+            done = {"job_id": nxt.json()["job_id"], "result": {"error_no": 4, "error_msg": "not run"}}
+            spy.post(f"/v1/agents/{spy_id}/result", json=done).raise_for_status()  # no one else gets the canary
+            spy.delete(f"/v1/agents/{spy_id}").raise_for_status()
+        assert nxt.status_code == 200 and REPLY_HEADER in nxt.headers
+        c.add_agents("agent0")
+        c.procs["tracker"].kill()
+        c.procs["tracker"].wait()
+
+        forged = {"agents": plain(200, {"agent_id": "a1", "heartbeat_s": 0.5}),
+                  "next": plain(200, lease_of("j1", job))}
+        rogues.append(Rogue(tmp_path, c.port, forged, "rogue"))
+        rogues[-1].wait_for("/v1/agents")
+        time.sleep(3)
+        rogues[-1].close()
+        time.sleep(1.5)  # the agent sees the port closed (a different problem, logged once)
+        rogues.append(Rogue(tmp_path, c.port, {"agents": captured(reg), "next": captured(nxt)}, "replay"))
+        rogues[-1].wait_for("/v1/agents")
+        time.sleep(3)
+        rogues[-1].close()
+
+        for rogue in rogues:  # never got past registering: no lease was believed, no result was posted
+            assert not any(r.endswith(("/next", "/result")) for r in rogue.requests()), rogue.requests()
+        assert not marker.exists()
+        assert c.procs["agent0"].poll() is None
+        log = (tmp_path / "agent0.log").read_text()
+        assert log.count(REFUSED) == 2 and "Traceback" not in log, log
+        assert "carries no tracker signature" in log and "not for this request" in log
+
+        c.spawn("tracker", "tracker", "serve", "--port", str(c.port), "--agent-timeout", "1.0")
+        c.wait_for(lambda s: sum(len(k.devices) for k in s.keys) == 1)
+        with c.runner() as runner:
+            assert [r.error_no for r in runner.run(builds(host, 2))] == [MeasureErrorNo.no_error] * 2
+    finally:
+        for rogue in rogues:
+            rogue.close()
+        c.close()
+
+
+def test_a_client_refuses_a_rogue_tracker(tmp_path):
+    c = Cluster(tmp_path)
+    c.procs["tracker"].kill()
+    c.procs["tracker"].wait()
+    rogue = Rogue(tmp_path, c.port, {"status": plain(200, {"keys": [], "requeued": 0, "failed_after_retries": 0})},
+                  "rogue")
+    try:
+        with pytest.raises(TrackerError, match="refused an answer") as refused:
+            for _ in range(300):  # until the rogue listens
+                try:
+                    c.client.status()
+                except TrackerError as exc:
+                    if "cannot reach" not in str(exc):
+                        raise
+                time.sleep(0.1)
+        assert "carries no tracker signature" in str(refused.value)
+        status = subprocess.run([sys.executable, "-m", "tunaflow", "tracker", "status", "--tracker",
+                                 f"127.0.0.1:{c.port}"], cwd=ROOT, capture_output=True, text=True, timeout=60,
+                                env=c.env)
+        assert status.returncode == 2 and "refused an answer" in status.stderr and "Traceback" not in status.stderr
+    finally:
+        rogue.close()
+        c.close()
+
+
+def test_a_request_captured_before_a_restart_is_refused_after_it(tmp_path, host):
+    c = Cluster(tmp_path)
+    try:
+        job = MeasureJob.of(TASK, host, {}, b"obj", FAST)
+        body = SubmitRequest(key="dev", jobs=[job], queue_timeout_s=600).model_dump_json().encode()
+        signer = RequestSigner(TOKEN)
+        with httpx.Client(base_url=c.url, auth=signer) as http:
+            first = http.post("/v1/jobs", content=body, headers={"content-type": "application/json"})
+        assert first.status_code == 200
+        sent = first.request.headers[AUTH_HEADER]  # the signed request as it went over the wire
+        replay = {AUTH_HEADER: sent, "content-type": "application/json"}
+        assert httpx.post(c.url + "/v1/jobs", content=body, headers=replay).status_code == 401  # same start
+        assert c.client.status().keys[0].queued == 1
+
+        c.procs["tracker"].kill()
+        c.procs["tracker"].wait()
+        c.spawn("tracker", "tracker", "serve", "--port", str(c.port))
+        c.wait_for(lambda s: True)
+        again = httpx.post(c.url + "/v1/jobs", content=body, headers=replay)
+        assert again.status_code == 401 and "another start of the tracker" in again.json()["detail"]
+        assert c.client.status().keys == []  # nothing was queued by the replay (and the client signed again)
+    finally:
+        c.close()
