@@ -77,4 +77,6 @@ def disagreements(library: Facts, manifest: Manifest) -> list[str]:
 
 def _short(value: object) -> str:
     text = str(value)
+    if len(text) == 64 and all(c in "0123456789abcdef" for c in text):  # a sha256
+        return text[:12] + "..."
     return text if len(text) <= 80 else text[:77] + "..."
