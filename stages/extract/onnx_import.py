@@ -139,7 +139,7 @@ def _initializer(t: onnx.TensorProto) -> np.ndarray:
                          "only); give it weights first with stages.extract.weights.fill_weights")
     try:
         return numpy_helper.to_array(t)
-    except (KeyError, TypeError, ValueError, OSError, onnx.checker.ValidationError) as exc:
+    except (KeyError, TypeError, ValueError, OSError, RuntimeError, onnx.checker.ValidationError) as exc:
         raise ModelError(f"initializer {t.name!r} cannot be read: {exc}") from None
 
 
