@@ -15,6 +15,7 @@ Calling refuses buffers of the wrong shape or dtype (sized by the library's fact
 from __future__ import annotations
 
 import ctypes
+import fcntl
 import hashlib
 import hmac
 import json
@@ -203,14 +204,16 @@ def embedded_facts(path: Path, image: bytes) -> Facts:
 
 def _dlopen(image: bytes, path: Path) -> ctypes.CDLL:
     """dlopen a private, sealed in-memory copy of `image`: the file may change after it was checked."""
-    fd = os.memfd_create(f"tunaflow:{path}", os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
-    view = memoryview(image)
-    while view:
-        view = view[os.write(fd, view):]
-    import fcntl
-
-    fcntl.fcntl(fd, fcntl.F_ADD_SEALS, fcntl.F_SEAL_WRITE | fcntl.F_SEAL_GROW | fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_SEAL)
     try:
+        fd = os.memfd_create(f"tunaflow:{path}", os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
+    except OSError as exc:
+        raise LoadError(f"{path}: no in-memory file to load it from ({exc.strerror})") from None
+    try:
+        view = memoryview(image)
+        while view:
+            view = view[os.write(fd, view):]
+        fcntl.fcntl(fd, fcntl.F_ADD_SEALS, fcntl.F_SEAL_WRITE | fcntl.F_SEAL_GROW | fcntl.F_SEAL_SHRINK
+                    | fcntl.F_SEAL_SEAL)
         lib = ctypes.CDLL(f"/proc/self/fd/{fd}")
     except OSError as exc:
         os.close(fd)
@@ -234,13 +237,15 @@ class Model:
             raise LoadError(f"{self.path / LIBRARY} exports facts ({library_facts.SYMBOL}) other than its "
                             f"{library_facts.SECTION} section says; rebuild it")
         vpp = ctypes.POINTER(ctypes.c_void_p)
-        self._run = self._lib.tf_run
+        self._run = getattr(self._lib, "tf_run", None)
+        if self._run is None:
+            raise LoadError(f"{self.path / LIBRARY} has no tf_run: not a model library; rebuild it")
         self._run.argtypes = [vpp, vpp, ctypes.c_void_p, ctypes.c_void_p]
         self._run.restype = None
         self._weights = artifact.weights
         try:
             self._work = _aligned_empty(self.facts.workspace_bytes)
-        except MemoryError:
+        except (MemoryError, ValueError):
             raise LoadError(f"{self.path} needs a {self.facts.workspace_bytes}-byte workspace, more memory than "
                             "there is") from None
         # Addresses and pointer-array types fixed once: a call then costs a few microseconds of Python.
