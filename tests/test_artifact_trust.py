@@ -63,6 +63,9 @@ def test_the_library_embeds_its_facts_and_the_honest_artifact_loads(base):
      " on inputs"),
     ("output shape halved", lambda d: d["outputs"][0].update(shape=[8, 10]), "on outputs"),
     ("workspace shrunk", lambda d: d.update(workspace_bytes=64), "on workspace_bytes (library 24576, manifest 64)"),
+    ("workspace shrunk, digests recomputed", lambda d: d.update(workspace_bytes=64), "on workspace_bytes"),
+    ("weights size shrunk", lambda d: d.update(weights_bytes=1024), "on weights_bytes (library 943680, manifest 1024)"),
+    ("output shape halved, digests recomputed", lambda d: d["outputs"][0].update(shape=[8, 10]), "on outputs"),
     ("threads", lambda d: d.update(threads=4), "on threads"),
     ("format 99", lambda d: d.update(format_version=99), "artifact format 99, newer than this tunaflow's (2)"),
     ("format 1", lambda d: d.update(format_version=1), "written by an older tunaflow; this one loads format 2 only:"
@@ -70,7 +73,7 @@ def test_the_library_embeds_its_facts_and_the_honest_artifact_loads(base):
 ])
 def test_a_manifest_that_lies_is_refused_before_anything_runs(base, tmp_path, name, edit, fragment):
     lib = _copy(base, tmp_path)
-    ta.edit_manifest(lib, edit)
+    ta.edit_manifest(lib, edit, redigest="recomputed" in name)
     _refused(ta.attempt(lib), fragment)
 
 

@@ -53,11 +53,12 @@ def copy(src: Path, dst: Path) -> Path:
 
 
 def edit_manifest(lib: Path, edit: Callable[[dict], None], redigest: bool = False) -> None:
-    """Apply `edit` to manifest.json's data; `redigest`: recompute the digests as a forger would."""
+    """Apply `edit` to manifest.json's data; `redigest`: first recompute the digests of the files as they
+    are now, as a forger would (an `edit` of `files` still has the last word)."""
     data = json.loads((lib / MANIFEST).read_text())
-    edit(data)
     if redigest:
         data["files"] = {LIBRARY: file_digest(lib / LIBRARY), WEIGHTS: file_digest(lib / WEIGHTS)}
+    edit(data)
     (lib / MANIFEST).write_text(json.dumps(data, indent=1))
 
 
