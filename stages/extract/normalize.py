@@ -41,8 +41,8 @@ class Ctx:
 
     def const(self, name: str, what: str) -> np.ndarray:
         if name not in self.consts:
-            raise ModelError(f"node {self.node!r}: its {what} ({name!r}) must be a constant, but it is computed "
-                             "at run time")
+            raise ModelError(f"{self.op} {self.node!r}: its {what} ({name!r}) must be a constant, but it is "
+                             "computed at run time")
         return self.consts[name]
 
     def opt_const(self, ins: list[str], i: int, what: str) -> np.ndarray | None:
@@ -272,6 +272,50 @@ def _slice(ins, outs, raw, ctx) -> list[Emit]:
     return [("Slice", ins[:1], outs[:1], {"starts": st, "steps": sp, "sizes": sz})]
 
 
+GATHER_MAX_PIECES = 64  # non-contiguous constant indices become this many slices at most
+
+
+def _gather(ins, outs, raw, ctx) -> list[Emit]:
+    """Gather of a run-time tensor by constant indices (ViT's class token, an exporter's as_strided): the
+    runs of consecutive indices become Slices, joined by a Concat, reshaped to Gather's output shape."""
+    src = ctx.shape(ins[0])
+    axis = int(raw.get("axis", 0))
+    if not -len(src) <= axis < len(src):
+        raise ModelError(f"Gather {ctx.node!r}: axis {axis} is out of range for its rank-{len(src)} data")
+    axis %= len(src)
+    idx = np.asarray(ctx.const(ins[1], "indices"))
+    if idx.dtype.kind not in "iu":
+        raise ModelError(f"Gather {ctx.node!r}: its indices are {idx.dtype}, not integers")
+    flat = idx.reshape(-1).astype(np.int64)
+    if ((flat < -src[axis]) | (flat >= src[axis])).any():
+        raise ModelError(f"Gather {ctx.node!r}: an index is out of range for axis {axis} of size {src[axis]}")
+    flat = np.where(flat < 0, flat + src[axis], flat)
+    runs: list[tuple[int, int]] = []  # (start, length)
+    for i in flat.tolist():
+        if runs and runs[-1][0] + runs[-1][1] == i:
+            runs[-1] = (runs[-1][0], runs[-1][1] + 1)
+        else:
+            runs.append((i, 1))
+    if len(runs) > GATHER_MAX_PIECES:
+        raise ModelError(f"Gather {ctx.node!r}: gathering a run-time tensor by {flat.size} scattered indices "
+                         f"({len(runs)} runs, at most {GATHER_MAX_PIECES}) is not supported")
+    out_shape = [*src[:axis], *idx.shape, *src[axis + 1:]]
+    emits: list[Emit] = []
+    pieces = []
+    for start, length in runs:
+        piece = ctx.fresh(outs[0])
+        starts, sizes = [0] * len(src), list(src)
+        starts[axis], sizes[axis] = start, length
+        emits.append(("Slice", ins[:1], [piece], {"starts": starts, "steps": [1] * len(src), "sizes": sizes}))
+        pieces.append(piece)
+    joined = pieces[0]
+    if len(pieces) > 1:
+        joined = ctx.fresh(outs[0])
+        emits.append(("Concat", pieces, [joined], {"axis": axis}))
+    emits.append(("Reshape", [joined], outs[:1], {"shape": out_shape}))
+    return emits
+
+
 def _pad(ins, outs, raw, ctx) -> list[Emit]:
     rank = len(ctx.shape(ins[0]))
     if ctx.opset < 11:
@@ -381,3 +425,5 @@ NORMALIZERS: dict[str, Callable[..., list[Emit]]] = {
     "Pad": _pad, "Softmax": _softmax, "LogSoftmax": _softmax, "LayerNormalization": _layer_norm,
     "ReduceMean": _reduce(18), "LRN": _lrn,
 }
+# Ops that fold when every input is a constant and take this form when their first input is not.
+RUNTIME_FORMS: dict[str, Callable[..., list[Emit]]] = {"Gather": _gather}

@@ -27,7 +27,7 @@ from stages.extract.budget import DEFAULT_TENSOR_MB, Budget
 from stages.extract.errors import ModelError, UnsupportedOpsError
 from stages.extract.external import read_model
 from stages.extract.folding import FOLD_ONLY, scratch
-from stages.extract.normalize import NORMALIZERS, Ctx
+from stages.extract.normalize import NORMALIZERS, RUNTIME_FORMS, Ctx
 from stages.extract.shapes import SHAPES, infer
 from stages.extract.weights import has_data
 from stages.graph.ir import Graph, Node, Value
@@ -211,7 +211,7 @@ def _import_node(op: str, name: str, ins: list[str], outs: list[str], raw: dict,
     if op in SHAPE_ONLY:
         _set_const(ctx, outs[0], SHAPE_ONLY[op](raw, ctx.shapes[ins[0]]))
         return
-    if op in FOLD_ONLY:
+    if op in FOLD_ONLY and not (op in RUNTIME_FORMS and ins[0] not in ctx.consts):
         if op == "Cast" and ins[0] not in ctx.consts and np.dtype(helper.tensor_dtype_to_np_dtype(raw["to"])) \
                 == np.float32:
             alias[outs[0]] = ins[0]
@@ -232,7 +232,7 @@ def _import_node(op: str, name: str, ins: list[str], outs: list[str], raw: dict,
             budget.spend([value])
         _set_const(ctx, outs[0], value)
         return
-    for new_op, new_ins, new_outs, attrs in NORMALIZERS[op](ins, outs, raw, ctx):
+    for new_op, new_ins, new_outs, attrs in (NORMALIZERS.get(op) or RUNTIME_FORMS[op])(ins, outs, raw, ctx):
         live_ins = [i for i in new_ins if i]
         if all(i in ctx.consts for i in live_ins):
             _fold_normalised(op, name, new_op, new_outs, [ctx.consts[i] for i in live_ins], attrs, ctx, budget)
