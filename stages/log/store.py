@@ -77,14 +77,14 @@ class TuningLog:
             return None
         table = to_table(records)
         with self.writer():
-            for attempt in range(2):
-                try:
-                    return write_part(self.path, table)
-                except (OSError, pa.ArrowException) as exc:
-                    failure = exc
-                if attempt == 0:
-                    time.sleep(RETRY_S)
-        raise self._write_error(table, failure) from failure
+            try:
+                return write_part(self.path, table)
+            except (OSError, pa.ArrowException):
+                time.sleep(RETRY_S)  # one more try: a transient failure, or space freed meanwhile
+            try:
+                return write_part(self.path, table)
+            except (OSError, pa.ArrowException) as exc:
+                raise self._write_error(table, exc) from exc
 
     def read_table(self, strict: bool = True) -> tuple[pa.Table, list[Problem]]:
         tables, problems = [], []
@@ -176,9 +176,12 @@ class TuningLog:
 
     def export_jsonl(self, out: str | os.PathLike[str]) -> int:
         records = self.records()
-        with open(out, "w") as fh:
-            for r in records:
-                fh.write(r.model_dump_json() + "\n")
+        try:
+            with open(out, "w") as fh:
+                for r in records:
+                    fh.write(r.model_dump_json() + "\n")
+        except OSError as exc:
+            raise LogWriteError(f"{out}: cannot write the export ({exc.strerror or exc})") from exc
         return len(records)
 
     def _stale(self) -> list[Problem]:

@@ -5,8 +5,8 @@ flow can make each step a task run, and `run_session` drives it directly. A sess
 log's writer lock from its start (before it reads what the budget counts) until `close()` or
 until it is garbage, so two sessions on one log cannot both spend the budget. Records of
 `unknown` errors (the measuring infrastructure failed, e.g. a tracker outage) say nothing about
-their configs: a resumed session neither counts them toward its trials nor excludes their
-configs, so a rerun measures them again.
+their configs: a resumed session does not count them toward its trials and proposes their
+configs first, so a rerun measures them again.
 """
 
 from __future__ import annotations
@@ -97,13 +97,17 @@ class TuningSession:
         transfer = load_transfer(options.transfer_from, task, target.key, options.measure.threads)
         # Re-measurements are not trials; records of another template version measured other code;
         # an `unknown` error is the infrastructure's, not the config's.
-        previous = [r for r in log.for_task(task.signature, target.key, options.measure.threads)
-                    if r.tuner != REMEASURE and r.template_version == self.template.VERSION and _informative(r)]
+        mine = [r for r in log.for_task(task.signature, target.key, options.measure.threads)
+                if r.tuner != REMEASURE and r.template_version == self.template.VERSION]
+        previous = [r for r in mine if _informative(r)]
         known = {r.config.index for r in previous}
         copied = [r for r in _first_per_config(tuple(filter(_informative, transfer.exact)))
                   if r.config.index not in known and r.template_version == self.template.VERSION]
         log.append(copied)
         previous += copied
+        known |= {r.config.index for r in copied}
+        # Configs whose every record is an `unknown` error go first, before the tuner's proposals.
+        self._retry = list({r.config.index: r.config for r in mine if r.config.index not in known}.values())
         self.start_trials = len(previous)
         self.trials = len(previous)
         self.best: TuningRecord | None = min((r for r in previous if r.result.ok),
@@ -111,7 +115,7 @@ class TuningSession:
         self._since_best = 0
         self.tuner = make_tuner(options.tuner, TunerContext(
             space=self.space, task=task, target=target, seed=options.seed,
-            exclude=frozenset(r.config.index for r in previous), threads=options.measure.threads,
+            exclude=frozenset(known | {c.index for c in self._retry}), threads=options.measure.threads,
             history=tuple((r.config, r.result) for r in previous), transfer=transfer.related,
             epsilon=options.epsilon))
         self._started = time.monotonic()
@@ -123,14 +127,17 @@ class TuningSession:
 
     @property
     def done(self) -> bool:
-        if self.remaining == 0 or not self.tuner.has_next():
+        if self.remaining == 0 or not (self._retry or self.tuner.has_next()):
             return True
         if self.options.early_stopping is not None and self._since_best >= self.options.early_stopping:
             return True
         return self.options.timeout_s is not None and time.monotonic() - self._started >= self.options.timeout_s
 
     def propose(self) -> list[Config]:
-        return self.tuner.next_batch(min(self.options.batch_size, self.remaining))
+        """The next batch: configs a rerun must retry first, then the tuner's."""
+        n = min(self.options.batch_size, self.remaining)
+        batch, self._retry = self._retry[:n], self._retry[n:]
+        return batch + self.tuner.next_batch(n - len(batch)) if len(batch) < n else batch
 
     def record(self, configs: list[Config], results: list[MeasureResult]) -> list[TuningRecord]:
         """Append the batch to the log (atomically), update the tuner, notify observers."""
@@ -146,6 +153,8 @@ class TuningSession:
             ))
         self.log.append(records)
         self.tuner.update(configs, results)
+        measured = {c.index for c in configs}
+        self._retry = [c for c in self._retry if c.index not in measured]
         for rec in records:
             self.trials += 1
             if rec.result.ok and (self.best is None or rec.result.median < self.best.result.median):
