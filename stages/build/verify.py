@@ -55,11 +55,17 @@ class Verification:
     verify_s: float = 0.0
     max_error: float | None = None  # the worst output's max abs error / its max abs reference
     reason: str | None = None  # why the check was skipped
-    spread: float | None = None  # how far two float32 runs of the reference differ, when the tolerance needed it
+    spread: float | None = None  # how far the reference's own float32 answer moves, when the tolerance needed it
+    spread_basis: str | None = None  # what measured `spread`: SPREAD_KERNELS or SPREAD_FLOAT64
 
     def summary(self) -> dict:
         return {"status": self.status, "reference": self.reference, "verify_s": round(self.verify_s, 3),
-                "max_error": self.max_error, "reason": self.reason, "reference_spread": self.spread}
+                "max_error": self.max_error, "reason": self.reason, "reference_spread": self.spread,
+                "spread_basis": self.spread_basis}
+
+
+SPREAD_KERNELS = "onnxruntime's two kernel sets differ by"
+SPREAD_FLOAT64 = "the reference itself is off a float64 evaluation (onnx.reference) by"
 
 
 def build_verified(model: str | Path, graph: Graph, target: Target, out: Path, threads: int = 1,
@@ -126,9 +132,21 @@ def check(model: Path, graph: Graph, target: Target, library: Path, threads: int
     got = load(library).run(**feeds)
     errors = {v.name: relative_error(got[v.name], want[v.name]) for v in graph.outputs}
     spread: dict[str, float] = {}
+    basis = None
     if any(not e <= REL_TOL for e in errors.values()):
-        spread = reference_spread(str(model), threads, feeds, list(errors), want)
+        spread, basis = reference_spread(str(model), threads, feeds, list(errors), want), SPREAD_KERNELS
     bad = [k for k, e in errors.items() if not e <= tolerance(spread.get(k))]
+    if bad:
+        # The second arbiter, slow but exact enough: both float32 answers judged against a float64 evaluation.
+        # An ill-conditioned model (EfficientNet-B3 with random weights: onnxruntime 0.42 off float64, while its
+        # two kernel sets agree to 2e-3) gets the reference's own distance as its yardstick.
+        truth = float64_reference(str(model), feeds, bad)
+        if truth:
+            basis = SPREAD_FLOAT64
+            for k in bad:
+                spread[k] = relative_error(want[k], truth[k])
+                errors[k] = relative_error(got[k], truth[k])
+            bad = [k for k in bad if not errors[k] <= tolerance(spread[k])]
     if bad:
         first = bad[0]
         culprit = locate(model, graph, target, threads, log, feeds)
@@ -136,7 +154,7 @@ def check(model: Path, graph: Graph, target: Target, library: Path, threads: int
                           f"{first!r} is off by {errors[first]:.3g} of its max abs reference value (tolerance "
                           f"{tolerance(spread.get(first)):.3g}).\n{culprit}")
     return Verification("passed", name, time.perf_counter() - start, max(errors.values(), default=0.0),
-                        spread=max(spread.values()) if spread else None)
+                        spread=max(spread.values()) if spread else None, spread_basis=basis if spread else None)
 
 
 SPREAD_FACTOR = 2  # a library may differ from the reference twice as much as two runs of the reference do
@@ -168,6 +186,39 @@ def reference_spread(model: str | onnx.ModelProto, threads: int, feeds: dict[str
     except Exception:  # onnxruntime's errors derive from Exception alone; then the plain tolerance holds
         return {}
     return {n: relative_error(o, want[n]) for n, o in zip(names, other, strict=True)}
+
+
+def float64_reference(model: str | onnx.ModelProto, feeds: dict[str, np.ndarray], names: list[str]
+                      ) -> dict[str, np.ndarray]:
+    """The named outputs of the ONNX model evaluated in float64 by `onnx.reference` (every float32 tensor,
+    Cast and I/O type widened); empty when the evaluator cannot run the model."""
+    from onnx import TensorProto, numpy_helper
+    from onnx.reference import ReferenceEvaluator
+
+    proto = onnx.ModelProto()
+    proto.CopyFrom(model if isinstance(model, onnx.ModelProto) else onnx.load(model))
+
+    def widen(t: onnx.TensorProto) -> None:
+        if t.data_type == TensorProto.FLOAT:
+            t.CopyFrom(numpy_helper.from_array(numpy_helper.to_array(t).astype(np.float64), t.name))
+
+    for t in proto.graph.initializer:
+        widen(t)
+    for vi in (*proto.graph.input, *proto.graph.output, *proto.graph.value_info):
+        if vi.type.tensor_type.elem_type == TensorProto.FLOAT:
+            vi.type.tensor_type.elem_type = TensorProto.DOUBLE
+    for node in proto.graph.node:
+        for a in node.attribute:
+            if a.type == onnx.AttributeProto.TENSOR:
+                widen(a.t)
+            elif node.op_type == "Cast" and a.name == "to" and a.i == TensorProto.FLOAT:
+                a.i = TensorProto.DOUBLE
+    wide = {k: v.astype(np.float64) if v.dtype == np.float32 else v for k, v in feeds.items()}
+    try:
+        with np.errstate(all="ignore"):
+            return dict(zip(names, ReferenceEvaluator(proto).run(names, wide), strict=True))
+    except Exception:  # noqa: BLE001 - an op the evaluator lacks in float64: the float32 verdict stands
+        return {}
 
 
 def random_feeds(graph: Graph, seed: int = SEED) -> dict[str, np.ndarray]:
