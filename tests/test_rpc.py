@@ -38,13 +38,13 @@ def free_port() -> int:
 class Cluster:
     """A tracker and its agents as child processes of the test."""
 
-    def __init__(self, tmp: Path, agent_timeout: float = 1.5, max_body_mb: int = 2):
+    def __init__(self, tmp: Path, agent_timeout: float = 1.5, max_body_mb: int = 2, tracker_args: tuple = ()):
         self.tmp, self.port = tmp, free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.env = {**os.environ, "TUNAFLOW_RPC_TOKEN": TOKEN}
         self.procs: dict[str, subprocess.Popen] = {}
         self.spawn("tracker", "tracker", "serve", "--port", str(self.port), "--agent-timeout", str(agent_timeout),
-                   "--max-body-mb", str(max_body_mb))
+                   "--max-body-mb", str(max_body_mb), *tracker_args)
         self.client = TrackerClient(self.url, TOKEN)
         self.wait_for(lambda s: True)
 

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import json
 import math
+import os
+import signal
 import subprocess
 import sys
 import time
@@ -115,8 +117,48 @@ def test_malformed_jobs_are_refused_or_answered_and_the_agent_keeps_serving(clus
     assert cluster.client.status().keys[0].devices[0].measured >= 4
 
 
-def test_an_idle_flood_leaves_the_agents_their_slots(cluster, host):
-    flood = IdleFlood("127.0.0.1", cluster.port, 300)
+def test_an_agent_answers_a_job_it_cannot_read_and_keeps_serving(tmp_path, host):
+    """A token holder that is not a correct tracker (here a signing fake) hands out a job whose object is not
+    base64: the agent posts an error result for it and asks for the next job."""
+    from test_rpc import free_port
+    from test_rpc_mutual_auth import lease_of
+
+    from stages.faults.rogue_tracker import plain
+
+    job = MeasureJob.of(TASK, host, dict(matmul.default_config(TASK, host).knobs), b"o", FAST)
+    lease = lease_of("j1", job)
+    lease["job"]["obj_b64"] = "this is not base64!"
+    port = free_port()
+    script, requests = tmp_path / "fake.json", tmp_path / "fake.requests"
+    script.write_text(json.dumps({"agents": plain(200, {"agent_id": "a1", "heartbeat_s": 0.5}),
+                                  "next": plain(200, lease)}))
+    requests.write_text("")
+    env = {**os.environ, "TUNAFLOW_RPC_TOKEN": TOKEN}
+    fake = subprocess.Popen([sys.executable, "-m", "stages.faults.rogue_tracker", "--port", str(port), "--sign",
+                             "--script", str(script), "--log", str(requests)], cwd=ROOT, env=env)
+    with open(tmp_path / "agent.log", "w") as log:
+        agent = subprocess.Popen([sys.executable, "-m", "tunaflow", "runner", "serve", "--tracker",
+                                  f"127.0.0.1:{port}", "--key", "dev"], cwd=ROOT, env=env, stdout=log,
+                                 stderr=subprocess.STDOUT)
+    try:
+        deadline = time.monotonic() + 60
+        while sum("/result " in r for r in requests.read_text().splitlines()) < 2:
+            assert time.monotonic() < deadline and agent.poll() is None, (tmp_path / "agent.log").read_text()
+            time.sleep(0.1)
+        posted = [r for r in requests.read_text().splitlines() if "/result " in r]
+        assert agent.poll() is None
+    finally:
+        agent.terminate()
+        fake.kill()
+        agent.wait(10)
+        fake.wait()
+    result = MeasureResult.model_validate(json.loads(posted[0].split(" ", 2)[2])["result"])
+    assert result.error_no == MeasureErrorNo.runtime_error and "malformed job" in result.error_msg
+    assert "obj_b64" in result.error_msg and "not base64" in result.error_msg
+
+
+def flood_while_measuring(cluster, host, n: int = 300) -> None:
+    flood = IdleFlood("127.0.0.1", cluster.port, n)
     try:
         deadline = time.monotonic() + 20
         while flood.opened < 300:
@@ -131,7 +173,43 @@ def test_an_idle_flood_leaves_the_agents_their_slots(cluster, host):
         flood.stop()
     assert [r.error_no for r in results] == [MeasureErrorNo.no_error] * 4, [r.error_msg for r in results]
     assert [d.name for d in status.keys[0].devices] == ["agent0"] and status.requeued == 0
-    assert opened > 300  # the server closed idle strangers and the flood kept reopening them
+    assert opened > n  # the server closed idle strangers and the flood kept reopening them
+
+
+def test_an_idle_flood_leaves_the_agents_their_slots(cluster, host):
+    flood_while_measuring(cluster, host)
+
+
+def test_a_flood_past_the_connection_limit_evicts_strangers_not_agents(tmp_path, host):
+    c = Cluster(tmp_path, tracker_args=("--max-connections", "128"))
+    try:
+        c.add_agents("agent0")
+        flood_while_measuring(c, host)
+    finally:
+        c.close()
+
+
+def test_ctrl_c_stops_the_tracker_and_the_agent_cleanly(tmp_path):
+    c = Cluster(tmp_path)
+    try:
+        c.add_agents("agent0")
+        time.sleep(1)  # the agent is in a long poll
+        tracker, agent = c.procs["tracker"], c.procs["agent0"]
+        start = time.monotonic()
+        tracker.send_signal(signal.SIGINT)
+        tracker.wait(10)
+        tracker_s = time.monotonic() - start
+        time.sleep(1.5)
+        start = time.monotonic()
+        agent.send_signal(signal.SIGINT)
+        code = agent.wait(10)
+        agent_s = time.monotonic() - start
+    finally:
+        c.close()
+    tracker_log, agent_log = (tmp_path / "tracker.log").read_text(), (tmp_path / "agent0.log").read_text()
+    assert tracker_s < 2.5 and "Traceback" not in tracker_log, (tracker_s, tracker_log)
+    assert agent_s < 2.5 and code == 130 and "Traceback" not in agent_log, (agent_s, agent_log)
+    assert "tracker unreachable" in agent_log and "stopped (interrupted)" in agent_log
 
 
 def test_odd_rpc_input_gets_a_clear_answer(cluster, tmp_path):

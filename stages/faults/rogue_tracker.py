@@ -1,4 +1,4 @@
-"""A process without the token that takes the tracker's port and hands agents an object (tests and attacks).
+"""A process that takes the tracker's port and hands agents an object (tests and attacks).
 
 It answers by the last segment of the path (`agents`, `next`, `heartbeat`, `result`, ...) with
 canned answers from a JSON script, either plain (what a process without the token can make) or
@@ -6,8 +6,11 @@ captured earlier from the real tracker with their signature headers (a replay). 
 it gets is appended to a log, one line `METHOD PATH`, so a test can see whether an agent ever
 posted a result (which it only does after running the object). The payload is a canary object
 whose kernel creates a marker file: if the file exists, an agent ran code it should have refused.
+With `--sign` it holds the token (TUNAFLOW_RPC_TOKEN) and signs its answers as the tracker does: a
+faulty or compromised tracker, to show what an agent does with a job no real tracker would queue.
+Without it, it refuses to start while the token is in its environment.
 
-    python -m stages.faults.rogue_tracker --port 9190 --script script.json --log requests.log
+    python -m stages.faults.rogue_tracker --port 9190 --script script.json --log requests.log [--sign]
 """
 
 from __future__ import annotations
@@ -56,19 +59,25 @@ def captured(response) -> dict:
             "body_b64": base64.b64encode(response.content).decode()}
 
 
-def _handler(routes: dict, log: Path):
+def _handler(routes: dict, log: Path, token: str | None):
+    from stages.rpc.auth import AUTH_HEADER, REPLY_HEADER, new_epoch, reply_mac
+
+    epoch = new_epoch()
+
     class Handler(BaseHTTPRequestHandler):
         def _answer(self) -> None:
             length = int(self.headers.get("content-length") or 0)
-            if length:
-                self.rfile.read(length)
+            sent = self.rfile.read(length) if length else b""
             with log.open("a") as f:
-                f.write(f"{self.command} {self.path}\n")
+                f.write(f"{self.command} {self.path} {sent.decode(errors='replace')}\n")
             route = routes.get(self.path.rstrip("/").rsplit("/", 1)[-1], {"status": 204, "headers": {}, "body": ""})
             body = base64.b64decode(route["body_b64"]) if "body_b64" in route else route["body"].encode()
             self.send_response(route["status"])
             for k, v in route["headers"].items():
                 self.send_header(k, v)
+            fields = self.headers.get(AUTH_HEADER, "").split(" ")
+            if token is not None and len(fields) == 5:
+                self.send_header(REPLY_HEADER, f"{epoch} {reply_mac(token, epoch, route['status'], fields[2], body)}")
             self.send_header("content-length", str(len(body)))
             self.end_headers()
             self.wfile.write(body)
@@ -86,11 +95,15 @@ def main() -> None:
     parser.add_argument("--port", type=int, required=True)
     parser.add_argument("--script", type=Path, required=True)
     parser.add_argument("--log", type=Path, required=True)
+    parser.add_argument("--sign", action="store_true", help="hold the token and sign answers as the tracker does")
     args = parser.parse_args()
-    if os.environ.get("TUNAFLOW_RPC_TOKEN"):
-        raise SystemExit("the rogue tracker must run without the token")
+    token = os.environ.get("TUNAFLOW_RPC_TOKEN") or None
+    if token and not args.sign:
+        raise SystemExit("the rogue tracker runs without the token unless --sign is given")
+    if args.sign and not token:
+        raise SystemExit("--sign needs TUNAFLOW_RPC_TOKEN")
     routes = json.loads(args.script.read_text())
-    server = ThreadingHTTPServer(("127.0.0.1", args.port), _handler(routes, args.log))
+    server = ThreadingHTTPServer(("127.0.0.1", args.port), _handler(routes, args.log, token if args.sign else None))
     server.daemon_threads = True
     try:
         server.serve_forever()

@@ -4,27 +4,35 @@ uvicorn answers 503 to every request once `limit_concurrency` connections are op
 times out a request head that is still arriving, so a few hundred sockets that send nothing
 (no token needed) would lock out the agents and get them dropped. Here a connection that has not
 yet carried a validly signed request gets HEAD_S to send a complete request head (and again after
-each answer); once the Guard has seen a valid signature on it, IDLE_S. And from EVICT_AT open
-connections on, each new one closes the oldest idle connection that never authenticated, so
-strangers can only compete with each other for what is left.
+each answer); once the Guard has seen a valid signature on it, IDLE_S. The limit is high (1024 by
+default, the file limit raised to fit), and near it (from `evict_at(limit)` open connections on)
+each new connection closes the oldest idle one that never authenticated, so strangers can only
+compete with each other for what is left. On shutdown the tracker is told first, so its long
+polls answer at once instead of being cancelled.
 """
 
 from __future__ import annotations
 
 import resource
 import time
+from collections.abc import Callable
 
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
 HEAD_S = 2.0  # a connection that has not authenticated must complete a request head within this
 IDLE_S = 10.0  # an authenticated connection with no request in progress for this long is closed
-EVICT_AT = 256  # open connections from which new ones evict idle unauthenticated ones
-LIMIT = 1024  # uvicorn's limit_concurrency: room for EVICT_AT strangers plus the authenticated ones
-FDS_WANTED = 4096
+LIMIT = 1024  # default open connections (uvicorn's limit_concurrency: past it every request is a 503)
+FDS_RESERVED = 64  # descriptors kept for everything but connections
 
 
-def protocol(trusted: set) -> type[H11Protocol]:
+def evict_at(limit: int) -> int:
+    """Open connections from which a new one evicts an idle unauthenticated one: room is kept for agents."""
+    return limit - max(8, limit // 8)
+
+
+def protocol(trusted: set, limit: int, on_shutdown: Callable[[], None]) -> type[H11Protocol]:
     """An h11 protocol class sharing `trusted` (client addresses the Guard saw a valid signature from)."""
+    crowded = evict_at(limit)
 
     class Slotted(H11Protocol):
         def connection_made(self, transport) -> None:
@@ -32,8 +40,12 @@ def protocol(trusted: set) -> type[H11Protocol]:
             self._since = time.monotonic()
             self._idle = None
             self._arm()
-            if len(self.connections) > EVICT_AT:
+            if len(self.connections) > crowded:
                 self._evict()
+
+        def shutdown(self) -> None:
+            on_shutdown()
+            super().shutdown()
 
         def on_response_complete(self) -> None:
             super().on_response_complete()
@@ -70,10 +82,11 @@ def protocol(trusted: set) -> type[H11Protocol]:
     return Slotted
 
 
-def raise_fd_limit() -> None:
-    """Let the server hold LIMIT connections even where the soft file limit is 1024."""
+def fit_fd_limit(limit: int) -> int:
+    """Raise the soft file limit so `limit` connections fit (as far as the hard limit allows); the limit that fits."""
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    if soft != resource.RLIM_INFINITY and soft < FDS_WANTED:
-        new = FDS_WANTED if hard == resource.RLIM_INFINITY else min(FDS_WANTED, hard)
-        if new > soft:
-            resource.setrlimit(resource.RLIMIT_NOFILE, (new, hard))
+    want = limit + FDS_RESERVED
+    if soft != resource.RLIM_INFINITY and soft < want:
+        soft = want if hard == resource.RLIM_INFINITY else min(want, hard)
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+    return limit if soft == resource.RLIM_INFINITY else min(limit, soft - FDS_RESERVED)

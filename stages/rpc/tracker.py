@@ -40,7 +40,7 @@ from schemas.rpc import (
 from schemas.target import Target
 from stages.measure.plausible import judge
 from stages.rpc.auth import DEFAULT_MAX_BODY, Guard
-from stages.rpc.slots import IDLE_S, LIMIT, protocol, raise_fd_limit
+from stages.rpc.slots import IDLE_S, LIMIT, fit_fd_limit, protocol
 
 __all__ = ["IDLE_S", "TrackerState", "create_app", "serve"]
 
@@ -77,6 +77,7 @@ class TrackerState:
     jobs: dict[str, _Job] = field(default_factory=dict)
     queues: dict[str, deque[str]] = field(default_factory=dict)
     agents: dict[str, _Agent] = field(default_factory=dict)
+    closing: bool = False
     requeued: int = 0
     failed_after_retries: int = 0
     changed: asyncio.Event = field(default_factory=asyncio.Event)
@@ -89,6 +90,11 @@ class TrackerState:
         """Wake every long-poll; each re-checks what it waits for."""
         self.changed.set()
         self.changed = asyncio.Event()
+
+    def close(self) -> None:
+        """The server is shutting down: every long poll answers now."""
+        self.closing = True
+        self.notify()
 
     async def wait(self, timeout: float) -> None:
         with contextlib.suppress(TimeoutError):
@@ -237,7 +243,7 @@ def create_app(token: str, agent_timeout_s: float = 5.0, max_retries: int = 2,
             if agent.job_id is not None:
                 raise HTTPException(409, f"agent {agent_id!r} still holds job {agent.job_id!r}")
             lease = state.lease(agent)
-            if lease is not None or time.monotonic() >= deadline:
+            if lease is not None or time.monotonic() >= deadline or state.closing:
                 return lease if lease is not None else Response(status_code=204)
             await state.wait(deadline - time.monotonic())
 
@@ -263,7 +269,7 @@ def create_app(token: str, agent_timeout_s: float = 5.0, max_retries: int = 2,
         while True:
             done = {j: state.jobs[j].result for j in req.job_ids
                     if j in state.jobs and state.jobs[j].result is not None}
-            if done or time.monotonic() >= deadline:
+            if done or time.monotonic() >= deadline or state.closing:
                 for j in done:
                     del state.jobs[j]
                 unknown = [j for j in req.job_ids if j not in state.jobs and j not in done]
@@ -280,12 +286,13 @@ def create_app(token: str, agent_timeout_s: float = 5.0, max_retries: int = 2,
 
 def serve(token: str, host: str = "127.0.0.1", port: int = 9190, agent_timeout_s: float = 5.0,
           max_retries: int = 2, max_body: int = DEFAULT_MAX_BODY, tls_cert: str | None = None,
-          tls_key: str | None = None) -> None:
+          tls_key: str | None = None, max_connections: int = LIMIT) -> None:
     """Run the tracker until interrupted (over TLS when given a certificate and its key)."""
     import uvicorn
 
-    raise_fd_limit()
+    limit = fit_fd_limit(max_connections)
     trusted: set = set()
     app = create_app(token, agent_timeout_s, max_retries, max_body, trusted)
-    uvicorn.run(app, host=host, port=port, log_level="warning", timeout_keep_alive=30, limit_concurrency=LIMIT,
-                timeout_graceful_shutdown=3, http=protocol(trusted), ssl_certfile=tls_cert, ssl_keyfile=tls_key)
+    uvicorn.run(app, host=host, port=port, log_level="warning", timeout_keep_alive=30, limit_concurrency=limit,
+                timeout_graceful_shutdown=3, http=protocol(trusted, limit, app.state.tracker.close),
+                ssl_certfile=tls_cert, ssl_keyfile=tls_key)

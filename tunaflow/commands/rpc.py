@@ -41,6 +41,9 @@ def tracker_serve(
     max_body_mb: Annotated[int, typer.Option(help="largest request body accepted, in MiB", min=1, max=1024)] = 64,
     tls_cert: Annotated[Path | None, typer.Option(help="serve https with this certificate (PEM)")] = None,
     tls_key: Annotated[Path | None, typer.Option(help="the certificate's private key (PEM)")] = None,
+    max_connections: Annotated[int, typer.Option(help="open connections served at once; near it, idle ones that "
+                                                      "never authenticated are closed first", min=32,
+                                                 max=65536)] = 1024,
 ) -> None:
     """Serve the tracker until interrupted.
 
@@ -62,7 +65,7 @@ def tracker_serve(
     out.print(f"tracker on {scheme}://{escape(host)}:{port} (agent timeout {agent_timeout:g} s, {max_retries} retries)")
     try:
         serve(token, host, port, agent_timeout, max_retries, max_body_mb * 1024 * 1024,
-              str(tls_cert) if tls_cert else None, str(tls_key) if tls_key else None)
+              str(tls_cert) if tls_cert else None, str(tls_key) if tls_key else None, max_connections)
     except OSError as exc:
         raise fail(f"cannot serve on {host}:{port}: {exc.strerror or exc}") from exc
 
