@@ -41,6 +41,11 @@ MODELS: dict[str, tuple[dict, int]] = {
     "efficientnet_b0": ({}, 224),
     "densenet121": ({}, 224),
     "inception_v3": ({"aux_logits": False, "init_weights": True}, 299),
+    "convnext_tiny": ({}, 224),
+    "shufflenet_v2_x0_5": ({}, 224),
+    "regnet_y_400mf": ({}, 224),
+    "mobilenet_v3_small": ({}, 224),
+    "squeezenet1_1": ({}, 224),
 }
 
 
