@@ -141,6 +141,17 @@ def test_a_build_without_a_key_leaves_no_stale_signature(base, tmp_path):
         load(lib, key=KEY)
 
 
+def test_a_verified_build_without_a_key_over_a_signed_library_leaves_no_stale_signature(base, tmp_path,
+                                                                                         monkeypatch):
+    from stages.build.verify import build_verified
+
+    monkeypatch.delenv("TUNAFLOW_ARTIFACT_KEY", raising=False)
+    lib = _copy(base, tmp_path)
+    build_verified(MLP, optimize(load_model(MLP)), Target.host(), lib)
+    assert not (lib / SIGNATURE).exists()
+    load(lib)
+
+
 def test_a_library_that_needs_a_foreign_library_is_refused(base, tmp_path):
     marker, own = tmp_path / "helper-ran", tmp_path / "own-ran"
     helper = ta.helper_library(tmp_path / "helper.so", marker)

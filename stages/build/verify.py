@@ -35,7 +35,7 @@ import onnx
 
 from schemas.target import Target
 from stages.build.library import BuildError, build_library
-from stages.build.manifest import MANIFEST, Manifest
+from stages.build.manifest import MANIFEST, SIGNATURE, Manifest
 from stages.graph.ir import Graph, Node
 from stages.graph.reference import run_node
 from stages.runtime.loader import host_features, load, missing_features
@@ -115,7 +115,10 @@ def _install(staging: Path, out: Path) -> None:
     if not out.exists():
         os.rename(staging, out)
         return
-    for f in sorted(staging.iterdir(), key=lambda p: p.name == MANIFEST):
+    built = sorted(staging.iterdir(), key=lambda p: p.name == MANIFEST)
+    if SIGNATURE not in {f.name for f in built}:
+        (out / SIGNATURE).unlink(missing_ok=True)  # a build without the key: an old signature signs another manifest
+    for f in built:
         os.replace(f, out / f.name)
 
 
