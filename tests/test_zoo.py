@@ -29,8 +29,9 @@ from stages.runtime import load
 ZOO = Path(__file__).resolve().parents[1] / "data" / "zoo"
 MODELS = ("resnet50", "mobilenet_v2", "efficientnet_b0", "densenet121", "inception_v3")
 # Smaller architectures with what the five lack: channel shuffle, Fire-module concats, HardSwish and SE
-# gates, grouped convs with SE, ConvNeXt's LayerNorm, GELU, 7x7 depthwise and a Gather on a run-time tensor.
-MORE = ("convnext_tiny", "shufflenet_v2_x0_5", "regnet_y_400mf", "mobilenet_v3_small", "squeezenet1_1")
+# gates, grouped convs with SE, ConvNeXt's LayerNorm, GELU, 7x7 depthwise and a Gather on a run-time tensor;
+# and a transformer, ViT-B/16 (attention as exported, the class token a Gather).
+MORE = ("vit_b_16", "convnext_tiny", "shufflenet_v2_x0_5", "regnet_y_400mf", "mobilenet_v3_small", "squeezenet1_1")
 # Longest first, so the two build processes finish close together.
 BUILDS = [("densenet121", 1), ("efficientnet_b0", 1), ("inception_v3", 1), ("resnet50", 1), ("mobilenet_v2", 1),
           ("mobilenet_v2", 2), *((n, 1) for n in MORE)]

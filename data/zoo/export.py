@@ -46,6 +46,7 @@ MODELS: dict[str, tuple[dict, int]] = {
     "regnet_y_400mf": ({}, 224),
     "mobilenet_v3_small": ({}, 224),
     "squeezenet1_1": ({}, 224),
+    "vit_b_16": ({}, 224),
 }
 
 
@@ -68,6 +69,8 @@ def export(name: str, out: Path, seed: int = 0) -> Path:
     kwargs, size = MODELS[name]
     torch.manual_seed(seed)
     model = getattr(torchvision.models, name)(weights=None, **kwargs).eval()
+    if name.startswith("vit_"):  # torchvision zero-initialises ViT's head: every logit would be 0
+        torch.nn.init.normal_(model.heads.head.weight, std=0.02)
     calibrate_batchnorm(model, size)
     x = torch.randn(1, 3, size, size)
     with torch.no_grad():
