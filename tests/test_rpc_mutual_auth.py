@@ -3,6 +3,7 @@ signed answer, and a request captured before a real tracker restart, all as real
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import subprocess
@@ -159,3 +160,50 @@ def test_a_request_captured_before_a_restart_is_refused_after_it(tmp_path, host)
         assert c.client.status().keys == []  # nothing was queued by the replay (and the client signed again)
     finally:
         c.close()
+
+
+class Tamper(httpx.AsyncBaseTransport):
+    """A man in the middle between a client and a real Guard: rewrites each answer with `edit`."""
+
+    def __init__(self, app, edit):
+        self.inner, self.edit = httpx.ASGITransport(app=app), edit
+
+    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+        resp = await self.inner.handle_async_request(request)
+        status, headers, body = self.edit(resp.status_code, dict(resp.headers), await resp.aread())
+        headers["content-length"] = str(len(body))
+        return httpx.Response(status, headers=headers, content=body, request=request)
+
+
+def test_a_signature_binds_the_answer_to_its_status_body_and_request():
+    from fastapi import FastAPI
+
+    from stages.rpc.auth import Guard, UntrustedResponse
+
+    app = FastAPI()
+    app.get("/v1/status")(lambda: {"ok": True})
+    guard = Guard(app, TOKEN)
+    first: dict = {}
+
+    def keep_first(status, headers, body):  # replays the first signed answer for every later request
+        first.setdefault("answer", (status, headers, body))
+        return first["answer"] if headers.get(REPLY_HEADER) else (status, headers, body)
+
+    edits = {"untouched": lambda s, h, b: (s, h, b), "body swapped": lambda s, h, b: (s, h, b.replace(b"true", b"0")),
+             "status changed": lambda s, h, b: (200 if s == 401 else 500, h, b),
+             "signature dropped": lambda s, h, b: (s, {k: v for k, v in h.items() if k != REPLY_HEADER}, b),
+             "replayed": keep_first}
+
+    async def outcome(kind: str) -> str:
+        transport = Tamper(guard, edits[kind])
+        async with httpx.AsyncClient(transport=transport, base_url="http://t", auth=RequestSigner(TOKEN)) as http:
+            try:
+                for _ in range(2):
+                    resp = await http.get("/v1/status")
+                return str(resp.status_code)
+            except UntrustedResponse as exc:
+                return f"refused {exc.status_code}"
+
+    got = {kind: asyncio.run(outcome(kind)) for kind in edits}
+    assert got == {"untouched": "200", "body swapped": "refused 200", "status changed": "refused 200",
+                   "signature dropped": "refused 401", "replayed": "refused 401"}, got

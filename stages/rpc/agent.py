@@ -14,6 +14,7 @@ from __future__ import annotations
 import logging
 import os
 import socket
+import ssl
 import threading
 
 import httpx
@@ -36,7 +37,7 @@ RETRY_S = 1.0
 
 class Agent:
     def __init__(self, tracker_url: str, key: str, token: str, target: Target, name: str = "",
-                 verify: bool | object = True):
+                 verify: ssl.SSLContext | bool = True):
         self.key, self.target, self.url = key, target, tracker_url
         self.name = name or f"{socket.gethostname()}:{os.getpid()}"
         self._http = httpx.Client(base_url=tracker_url, auth=RequestSigner(token), verify=verify,

@@ -131,14 +131,18 @@ class RequestSigner(httpx.Auth):
 
     @staticmethod
     def _admit(response: httpx.Response) -> None:
-        """Refuse before reading the body: no signature header, or a body larger than any tracker answer."""
+        """Refuse before reading the body: no signature header, or a body of unknown length or larger than any
+        tracker answer (the tracker always sends a length), so nothing can make an agent read without end."""
+        where = f"{response.request.method} {response.request.url.path}"
         if REPLY_HEADER not in response.headers:
-            where = f"{response.request.method} {response.request.url.path}"
             raise UntrustedResponse(f"{response.status_code} answer to {where} carries no tracker signature",
                                     response.status_code)
         length = response.headers.get("content-length")
+        if length is None and response.status_code not in (204, 304):
+            raise UntrustedResponse(f"{response.status_code} answer to {where} has no length", response.status_code)
         if length is not None and (not length.isdigit() or int(length) > MAX_REPLY_BYTES):
-            raise UntrustedResponse(f"answer of {length} bytes is over {MAX_REPLY_BYTES}", response.status_code)
+            raise UntrustedResponse(f"{response.status_code} answer to {where} of {length} bytes is over "
+                                    f"{MAX_REPLY_BYTES}", response.status_code)
 
     def _again(self, response: httpx.Response, nonce: str, sent_epoch: str) -> bool:
         """Check the read response; True when it is the tracker's signed request to sign for a new epoch."""
