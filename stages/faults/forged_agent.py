@@ -1,7 +1,7 @@
 """An agent holding the token that lies about its results (tests and attacks): it is the real agent, but
 after measuring each job it posts, in turn, the honest result or one of FORGERIES.
 
-    python -m stages.faults.forged_agent --tracker http://127.0.0.1:9190 --key dev [--only-forged]
+    python -m stages.faults.forged_agent --tracker http://127.0.0.1:9190 --key dev
 """
 
 from __future__ import annotations
@@ -31,10 +31,9 @@ FORGERIES: dict[str, dict] = {
 
 
 class ForgedAgent(Agent):
-    def __init__(self, *args, only_forged: bool = False, **kw):
+    def __init__(self, *args, **kw):
         super().__init__(*args, **kw)
-        kinds = list(FORGERIES) if only_forged else ["honest", *FORGERIES]
-        self._kinds = itertools.cycle(kinds)
+        self._kinds = itertools.cycle(["honest", *FORGERIES])
 
     def _post_result(self, job_id: str, result: MeasureResult) -> None:
         kind = next(self._kinds)
@@ -50,10 +49,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--tracker", required=True)
     parser.add_argument("--key", required=True)
-    parser.add_argument("--only-forged", action="store_true")
     args = parser.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
-    agent = ForgedAgent(args.tracker, args.key, load_token(), Target.host(), "forger", only_forged=args.only_forged)
+    agent = ForgedAgent(args.tracker, args.key, load_token(), Target.host(), "forger")
     try:
         agent.serve()
     except KeyboardInterrupt:

@@ -2,13 +2,14 @@
 
 uvicorn answers 503 to every request once `limit_concurrency` connections are open, and it never
 times out a request head that is still arriving, so a few hundred sockets that send nothing
-(no token needed) would lock out the agents and get them dropped. Here a connection that has not
-yet carried a validly signed request gets HEAD_S to send a complete request head (and again after
-each answer); once the Guard has seen a valid signature on it, IDLE_S. The limit is high (1024 by
-default, the file limit raised to fit), and near it (from `evict_at(limit)` open connections on)
-each new connection closes the oldest idle one that never authenticated, so strangers can only
-compete with each other for what is left. On shutdown the tracker is told first, so its long
-polls answer at once instead of being cancelled.
+(no token needed) would lock out the agents and get them dropped. Here admission is ours instead
+(uvicorn's own limit is off): a connection that has not yet carried a validly signed request gets
+HEAD_S to send a complete request head (and again after each answer); once the Guard has seen a
+valid signature on it, IDLE_S. Past `limit` open connections (1024 by default, the file limit
+raised to fit), a new one closes the oldest idle connection that never authenticated, or is
+closed itself if there is none: strangers only ever compete with each other, and an
+authenticated connection is never refused nor answered 503. On shutdown the tracker is told
+first, so its long polls answer at once instead of being cancelled.
 """
 
 from __future__ import annotations
@@ -21,18 +22,13 @@ from uvicorn.protocols.http.h11_impl import H11Protocol
 
 HEAD_S = 2.0  # a connection that has not authenticated must complete a request head within this
 IDLE_S = 10.0  # an authenticated connection with no request in progress for this long is closed
-LIMIT = 1024  # default open connections (uvicorn's limit_concurrency: past it every request is a 503)
+LIMIT = 1024  # default open connections
 FDS_RESERVED = 64  # descriptors kept for everything but connections
 
 
-def evict_at(limit: int) -> int:
-    """Open connections from which a new one evicts an idle unauthenticated one: room is kept for agents."""
-    return limit - max(8, limit // 8)
-
-
 def protocol(trusted: set, limit: int, on_shutdown: Callable[[], None]) -> type[H11Protocol]:
-    """An h11 protocol class sharing `trusted` (client addresses the Guard saw a valid signature from)."""
-    crowded = evict_at(limit)
+    """An h11 protocol class admitting at most `limit` connections, sharing `trusted` (client addresses the
+    Guard saw a valid signature from)."""
 
     class Slotted(H11Protocol):
         def connection_made(self, transport) -> None:
@@ -40,8 +36,8 @@ def protocol(trusted: set, limit: int, on_shutdown: Callable[[], None]) -> type[
             self._since = time.monotonic()
             self._idle = None
             self._arm()
-            if len(self.connections) > crowded:
-                self._evict()
+            if len(self.connections) > limit:
+                self._make_room()
 
         def shutdown(self) -> None:
             on_shutdown()
@@ -73,11 +69,11 @@ def protocol(trusted: set, limit: int, on_shutdown: Callable[[], None]) -> type[
             if self._waiting() and not self.transport.is_closing():
                 self.transport.close()
 
-        def _evict(self) -> None:
+        def _make_room(self) -> None:
             strangers = [p for p in self.connections if isinstance(p, Slotted) and p is not self
                          and not p._trusted() and p._waiting() and not p.transport.is_closing()]
-            if strangers:
-                min(strangers, key=lambda p: p._since).transport.close()
+            victim = min(strangers, key=lambda p: p._since) if strangers else self
+            victim.transport.close()
 
     return Slotted
 

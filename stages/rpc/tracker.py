@@ -293,6 +293,6 @@ def serve(token: str, host: str = "127.0.0.1", port: int = 9190, agent_timeout_s
     limit = fit_fd_limit(max_connections)
     trusted: set = set()
     app = create_app(token, agent_timeout_s, max_retries, max_body, trusted)
-    uvicorn.run(app, host=host, port=port, log_level="warning", timeout_keep_alive=30, limit_concurrency=limit,
+    uvicorn.run(app, host=host, port=port, log_level="warning", timeout_keep_alive=30, limit_concurrency=None,
                 timeout_graceful_shutdown=3, http=protocol(trusted, limit, app.state.tracker.close),
                 ssl_certfile=tls_cert, ssl_keyfile=tls_key)

@@ -41,8 +41,8 @@ def tracker_serve(
     max_body_mb: Annotated[int, typer.Option(help="largest request body accepted, in MiB", min=1, max=1024)] = 64,
     tls_cert: Annotated[Path | None, typer.Option(help="serve https with this certificate (PEM)")] = None,
     tls_key: Annotated[Path | None, typer.Option(help="the certificate's private key (PEM)")] = None,
-    max_connections: Annotated[int, typer.Option(help="open connections served at once; near it, idle ones that "
-                                                      "never authenticated are closed first", min=32,
+    max_connections: Annotated[int, typer.Option(help="open connections at once; past it, idle ones that never "
+                                                      "authenticated are closed first", min=32,
                                                  max=65536)] = 1024,
 ) -> None:
     """Serve the tracker until interrupted.
