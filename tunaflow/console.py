@@ -1,19 +1,43 @@
-"""Consoles and the one way commands fail: a red message on stderr, exit code 2."""
+"""Consoles and the ways commands end early: a red message on stderr (exit code 2), or Ctrl-C (130).
+
+Messages carry user strings (paths, node and op names from models, agent names), so they are
+printed as text, never as rich markup, and the consoles never turn `:name:` into an emoji.
+"""
 
 from __future__ import annotations
 
 import os
+import signal
+from pathlib import Path
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 
-out = Console()
-err = Console(stderr=True)
+out = Console(emoji=False)
+err = Console(stderr=True, emoji=False)
+
+INTERRUPTED = 130  # 128 + SIGINT, what a shell reports for a command stopped by Ctrl-C
 
 
 def fail(msg: str) -> typer.Exit:
-    err.print(f"[bold red]error:[/] {msg}", highlight=False, soft_wrap=True)
+    err.print(f"[bold red]error:[/] {escape(msg)}", highlight=False, soft_wrap=True)
     return typer.Exit(2)
+
+
+def interrupted(log: Path | None = None) -> typer.Exit:
+    """The one line a Ctrl-C ends a command with: how many records the tuning log kept."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # a second Ctrl-C must not turn this exit into a traceback
+    kept = ""
+    if log is not None:
+        from stages.log import LogError, TuningLog
+
+        try:
+            kept = f": {len(TuningLog(log).records())} records kept in {log}"
+        except (LogError, OSError) as exc:
+            kept = f"; the tuning log {log} could not be read back: {exc}"
+    err.print(f"[yellow]interrupted[/]{escape(kept)}", highlight=False, soft_wrap=True)
+    return typer.Exit(INTERRUPTED)
 
 
 def prefect_env() -> None:

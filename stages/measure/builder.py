@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import multiprocessing as mp
 import os
+import signal
 import time
 import traceback
 from multiprocessing.pool import Pool
@@ -43,6 +44,12 @@ def build_one(task: TuningTask, config: Config, target: Target, threads: int = 1
     return BuildResult(task, target, config, obj, time.perf_counter() - start)
 
 
+def _ignore_sigint() -> None:
+    """A terminal's Ctrl-C reaches the workers too; the session stops them (a worker killed by it while
+    holding the pool's queue lock hangs Pool.terminate)."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
 class Builder:
     """Owns a pool of `n_parallel` spawn processes for the life of a session."""
 
@@ -58,7 +65,7 @@ class Builder:
 
     def _get_pool(self) -> Pool:
         if self._pool is None:
-            self._pool = mp.get_context("spawn").Pool(self.n_parallel)
+            self._pool = mp.get_context("spawn").Pool(self.n_parallel, initializer=_ignore_sigint)
         return self._pool
 
     def build(self, task: TuningTask, configs: list[Config], target: Target, threads: int = 1) -> list[BuildResult]:

@@ -122,7 +122,9 @@ class LocalRunner:
     def __enter__(self) -> LocalRunner:
         return self
 
-    def __exit__(self, *exc: object) -> None:
+    def __exit__(self, exc_type: type[BaseException] | None, *exc: object) -> None:
+        if exc_type is not None and issubclass(exc_type, KeyboardInterrupt):
+            self._kill()  # Ctrl-C: the candidate being timed is not waited for
         self.close()
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 import resource
+import signal
 import time
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
@@ -113,6 +114,7 @@ def serve(conn: Connection) -> None:
     up to a second and take the cores from the kernel being timed (a 2-thread kernel measured
     1.9x slower than the same object in a quiet process).
     """
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # a terminal's Ctrl-C is the runner's to handle: it kills us
     threadpool_limits(limits=1)
     cache = _TaskData()
     try:
@@ -128,4 +130,7 @@ def serve(conn: Connection) -> None:
             reply = run(req, cache)
         except Exception as exc:
             reply = RunReply(MeasureErrorNo.runtime_error, f"{type(exc).__name__}: {exc}", (), 0.0)
-        conn.send(reply)
+        try:
+            conn.send(reply)
+        except BrokenPipeError:
+            return  # the runner stopped waiting (closed or interrupted)

@@ -9,7 +9,7 @@ from typing import Annotated
 import typer
 
 from tunaflow.commands.rpc import DeviceKeyOpt, RunnerKind, TokenFile, TrackerOpt, runner_choice
-from tunaflow.console import fail, out, prefect_env
+from tunaflow.console import fail, interrupted, out, prefect_env
 
 SHAPE_HELP = "operator shape options; each operator takes its own (see the README)"
 
@@ -88,7 +88,10 @@ def tune_op(
         raise fail(str(exc)) from exc
     if task_runner != "local" and not prefect:
         raise fail("--task-runner needs the Prefect flow; drop --no-prefect")
-    result = tune(task, tgt, options, log, prefect, show_progress=not json_out, task_runner=task_runner)
+    try:
+        result = tune(task, tgt, options, log, prefect, show_progress=not json_out, task_runner=task_runner)
+    except KeyboardInterrupt:
+        raise interrupted(log) from None
     if json_out:
         print(json.dumps(result))
     else:
@@ -115,6 +118,7 @@ def tune(task, target, options, log: Path, prefect: bool, show_progress: bool, t
     if prefect:
         prefect_env()
         from flows.runners import is_distributed, make_task_runner
+        from flows.server import local_server
         from flows.tune_op import tune_op as flow
 
         try:
@@ -124,8 +128,9 @@ def tune(task, target, options, log: Path, prefect: bool, show_progress: bool, t
         if runner is not None:
             flow = flow.with_options(task_runner=runner)
         try:
-            return flow(task, target.to_string() if target.name != "host" else "host", options, str(log),
-                        progress=show_progress, distributed_builds=is_distributed(task_runner))
+            with local_server():
+                return flow(task, target.to_string() if target.name != "host" else "host", options, str(log),
+                            progress=show_progress, distributed_builds=is_distributed(task_runner))
         except LogError as exc:  # unwritable or busy log: one line, the records already there are intact
             raise fail(str(exc)) from exc
     observers = []
