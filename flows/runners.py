@@ -12,6 +12,10 @@ import os
 
 from prefect.task_runners import TaskRunner
 
+# The local cluster's scheduler, workers and dashboard listen on this machine only (Dask's default
+# dashboard address is every interface, port 8787); `dask://HOST:PORT` is how to reach further.
+LOOPBACK = {"host": "127.0.0.1", "dashboard_address": "127.0.0.1:0"}
+
 
 def make_task_runner(spec: str) -> TaskRunner | None:
     """None means the flow's default; ValueError names a spec that is not understood."""
@@ -24,7 +28,8 @@ def make_task_runner(spec: str) -> TaskRunner | None:
             raise ValueError("--task-runner dask needs prefect-dask: pip install 'tunaflow[dask]'") from exc
         if spec == "dask":
             workers = len(os.sched_getaffinity(0))
-            return DaskTaskRunner(cluster_kwargs={"n_workers": workers, "threads_per_worker": 1, "processes": True})
+            return DaskTaskRunner(cluster_kwargs={"n_workers": workers, "threads_per_worker": 1, "processes": True,
+                                                  **LOOPBACK})
         return DaskTaskRunner(address="tcp://" + spec.split("://", 1)[1])
     raise ValueError(f"unknown task runner {spec!r}; use local, dask, or dask://HOST:PORT")
 

@@ -9,7 +9,7 @@ from typing import Annotated
 import typer
 
 from tunaflow.commands.model import VerifyOpt
-from tunaflow.console import fail, out
+from tunaflow.console import fail, interrupted, out
 
 DATA = Path(__file__).resolve().parent.parent.parent / "data"
 
@@ -37,8 +37,11 @@ def demo(
     out.print(f"[bold]tunaflow demo[/]: {model.name}, {trials} trials over its tasks, {threads} thread(s)"
               + (" (a temporary local Prefect server starts first, 10-20 s)" if prefect else ""))
     options = TuningOptions(n_trials=trials, batch_size=8, measure=MeasureOptions(threads=threads))
-    report = tune_model(model, target, options, run_dir / "log", run_dir / "lib", None, prefect, quiet=False,
-                        charts_dir=run_dir / "charts", verify=verify)
+    try:
+        report = tune_model(model, target, options, run_dir / "log", run_dir / "lib", None, prefect, quiet=False,
+                            charts_dir=run_dir / "charts", verify=verify)
+    except KeyboardInterrupt:
+        raise interrupted(run_dir / "log") from None
     _build(model, _graph(model, None), target, run_dir / "lib-default", threads, None, quiet=True, verify=verify)
 
     tuned, default = load(run_dir / "lib"), load(run_dir / "lib-default")

@@ -9,7 +9,7 @@ from typing import Annotated
 import typer
 
 from tunaflow.commands.rpc import DeviceKeyOpt, RunnerKind, TokenFile, TrackerOpt, runner_choice
-from tunaflow.console import err, fail, out, prefect_env
+from tunaflow.console import err, fail, interrupted, out, prefect_env
 
 ShapeOpt = Annotated[list[str] | None, typer.Option(
     "--input-shape", help="bind an input's (or a symbolic dim's) shape, e.g. input=1x3x224x224 or batch=1")]
@@ -271,8 +271,11 @@ def tune(
 
     if scheduler not in SCHEDULERS:
         raise fail(f"unknown scheduler {scheduler!r}; choose from {sorted(SCHEDULERS)}")
-    result = tune_model(model, tgt, options, log, output, input_shape, prefect, quiet=json_out, scheduler=scheduler,
-                        verify=verify)
+    try:
+        result = tune_model(model, tgt, options, log, output, input_shape, prefect, quiet=json_out,
+                            scheduler=scheduler, verify=verify)
+    except KeyboardInterrupt:
+        raise interrupted(log) from None
     if json_out:
         print(json.dumps(result))
     else:
@@ -295,12 +298,14 @@ def tune_model(model: Path, target, options, log: Path, output: Path, input_shap
         from stages.extract import ModelError, parse_input_shapes
 
         prefect_env()
+        from flows.server import local_server
         from flows.tune_model import tune_model as flow
 
         try:
             shapes = parse_input_shapes(input_shape)
-            r = flow(str(model), target.to_string() if target.name != "host" else "host", options, str(log),
-                     str(output), shapes, str(charts_dir), scheduler, progress=not quiet, verify=verify)
+            with local_server():
+                r = flow(str(model), target.to_string() if target.name != "host" else "host", options, str(log),
+                         str(output), shapes, str(charts_dir), scheduler, progress=not quiet, verify=verify)
         except (ModelError, BuildError, LogError) as exc:
             raise fail(str(exc)) from exc
         tasks, summaries, manifest, fallback, verification, charts = (
