@@ -6,6 +6,7 @@ import sys
 from typing import Self, TextIO
 
 from rich.console import Console
+from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
 from stages.tune.session import TrialEvent
@@ -31,7 +32,7 @@ class TerminalProgress(_LiveView):
 
     def __init__(self, description: str, total: int, stream: TextIO | None = None, every: int = 8):
         self.stream = stream or sys.stderr
-        self.console = Console(file=self.stream)
+        self.console = Console(file=self.stream, emoji=False)
         self.live = self.console.is_terminal
         self.every = every
         self.description = description
@@ -40,7 +41,8 @@ class TerminalProgress(_LiveView):
             TextColumn("cur {task.fields[cur]:>7.1f} GFLOPS  best {task.fields[best]:>7.1f} GFLOPS"),
             TimeElapsedColumn(), TimeRemainingColumn(), console=self.console,
         ) if self.live else None
-        self._id = self._progress.add_task(description, total=total, cur=0.0, best=0.0) if self._progress else None
+        self._id = (self._progress.add_task(escape(description), total=total, cur=0.0, best=0.0)
+                    if self._progress else None)
 
     def __call__(self, ev: TrialEvent) -> None:
         if self._progress is not None:
@@ -58,7 +60,7 @@ class ModelProgress(_LiveView):
 
     def __init__(self, descriptions: list[str], budget: int, stream: TextIO | None = None, every: int = 8):
         self.stream = stream or sys.stderr
-        self.console = Console(file=self.stream)
+        self.console = Console(file=self.stream, emoji=False)
         self.budget = budget
         self.every = every
         self.trials: dict[str, int] = dict.fromkeys(descriptions, 0)
@@ -72,7 +74,7 @@ class ModelProgress(_LiveView):
         if self._progress is not None:
             self._overall = self._progress.add_task("[bold]all tasks", total=budget, cur=0.0, best=0.0)
             for d in descriptions:
-                self._rows[d] = self._progress.add_task(d, total=None, cur=0.0, best=0.0)
+                self._rows[d] = self._progress.add_task(escape(d), total=None, cur=0.0, best=0.0)
 
     def observer(self, description: str):
         """The observer to hand the session of the task with this description."""

@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
+from rich.markup import escape
 
 from tunaflow.commands.model import VerifyOpt
 from tunaflow.console import fail, interrupted, out
@@ -66,8 +67,8 @@ def demo(
     tuned_tasks = sum(1 for t in report["tasks"] if t["best_gflops"] > 0)
     out.print(f"tasks tuned   : {tuned_tasks} of {len(report['tasks'])} ({sum(t['trials'] for t in report['tasks'])} "
               "trials in the log)")
-    out.print(f"tuning log    : {report['log']}")
-    out.print(f"library       : {run_dir / 'lib'} (model.so, weights.bin, manifest.json)")
-    out.print(f"default build : {run_dir / 'lib-default'}")
-    out.print(f"charts        : {run_dir / 'charts'} ({len(report['charts'])} PNG)")
-    out.print(f"next          : tunaflow run {run_dir / 'lib'} --bench 50")
+    out.print(f"tuning log    : {escape(report['log'])}")
+    out.print(f"library       : {escape(str(run_dir / 'lib'))} (model.so, weights.bin, manifest.json)")
+    out.print(f"default build : {escape(str(run_dir / 'lib-default'))}")
+    out.print(f"charts        : {escape(str(run_dir / 'charts'))} ({len(report['charts'])} PNG)")
+    out.print(f"next          : tunaflow run {escape(str(run_dir / 'lib'))} --bench 50")

@@ -6,6 +6,7 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
+from rich.markup import escape
 from rich.table import Table
 
 from tunaflow.console import fail, out
@@ -27,22 +28,22 @@ def log_show(
     groups: dict[tuple[str, str], list] = {}
     for r in records:
         groups.setdefault((r.task_signature, r.target_key), []).append(r)
-    out.print(f"{log}: {len(records)} records, {len(groups)} task/target pairs")
+    out.print(f"{escape(str(log))}: {len(records)} records, {len(groups)} task/target pairs")
     for (sig, key), recs in groups.items():
         ok = sorted((r for r in recs if r.result.ok), key=lambda r: r.result.median)
         failed: dict[str, int] = {}
         for r in recs:
             if not r.result.ok:
                 failed[r.result.error_no.name] = failed.get(r.result.error_no.name, 0) + 1
-        table = Table(title=f"{recs[0].task.description}  [{sig}]  on {key}  ({len(recs)} trials)")
+        table = Table(title=escape(f"{recs[0].task.description}  [{sig}]  on {key}  ({len(recs)} trials)"))
         for col in ("rank", "GFLOPS", "median ms", "spread", "trial", "config"):
             table.add_column(col, justify="right" if col != "config" else "left")
         for rank, r in enumerate(ok[:top], 1):
             table.add_row(str(rank), f"{r.gflops:.1f}", f"{r.result.median * 1e3:.3f}", f"{r.result.spread:.1%}",
-                          str(r.trial), r.config.short())
+                          str(r.trial), escape(r.config.short()))
         out.print(table)
         if failed:
-            out.print(f"  failed: {failed}")
+            out.print(f"  failed: {escape(str(failed))}")
 
 
 def log_export(
@@ -56,7 +57,7 @@ def log_export(
         count = TuningLog(log).export_jsonl(output)
     except LogError as exc:
         raise fail(str(exc)) from exc
-    out.print(f"wrote {count} records to {output}")
+    out.print(f"wrote {count} records to {escape(str(output))}")
 
 
 def log_merge(
@@ -70,6 +71,6 @@ def log_merge(
         added = merge(sources, dest)
     except LogError as exc:
         raise fail(str(exc)) from exc
-    out.print(f"merged {added} new records into {dest}")
+    out.print(f"merged {added} new records into {escape(str(dest))}")
 
 

@@ -6,6 +6,7 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
+from rich.markup import escape
 
 from tunaflow.console import fail, out
 
@@ -25,12 +26,14 @@ def log_check(
         records, problems = tlog.read(strict=False)
     except LogError as exc:
         raise fail(str(exc)) from exc
-    out.print(f"{log}: {len(tlog.parts())} parts, {len(records)} readable records, {len(problems)} problem(s)")
+    out.print(f"{escape(str(log))}: {len(tlog.parts())} parts, {len(records)} readable records, "
+              f"{len(problems)} problem(s)")
     for p in problems:
-        out.print(f"  {p.path.name}: {p.reason}", highlight=False, soft_wrap=True)
+        out.print(escape(f"  {p.path.name}: {p.reason}"), highlight=False, soft_wrap=True)
     if problems and repair:
         moved = tlog.repair()
-        out.print(f"moved {len(moved)} part(s) to {log / 'quarantine'}; {len(tlog.records())} records remain readable")
+        out.print(f"moved {len(moved)} part(s) to {escape(str(log / 'quarantine'))}; {len(tlog.records())} records "
+                  "remain readable")
         return
     if problems:
         raise typer.Exit(1)

@@ -6,6 +6,7 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
+from rich.markup import escape
 
 from tunaflow.console import fail, out
 
@@ -29,4 +30,4 @@ def log_plot(
     if not paths:
         raise fail(f"{log}: no records to plot")
     for p in paths:
-        out.print(f"wrote {p}", highlight=False, soft_wrap=True)
+        out.print(f"wrote {escape(str(p))}", highlight=False, soft_wrap=True)

@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
+from rich.markup import escape
 
 from tunaflow.commands.rpc import DeviceKeyOpt, RunnerKind, TokenFile, TrackerOpt, runner_choice
 from tunaflow.console import err, fail, interrupted, out, prefect_env
@@ -56,7 +57,7 @@ def _build(model: Path, graph, target, output: Path, threads: int, log: Path | N
     except (BuildError, LogError) as exc:
         raise fail(str(exc)) from exc
     if notes and not quiet:
-        err.print(f"[yellow]{notes[0]}[/]", highlight=False)
+        err.print(f"[yellow]{escape(notes[0])}[/]", highlight=False)
     return manifest, (notes[0] if notes else None), verification
 
 
@@ -80,11 +81,11 @@ def build_summary(manifest, output: Path, verification=None) -> dict:
 
 def _print_build(s: dict) -> None:
     ops = ", ".join(f"{n} {k}" for k, n in sorted(s["ops"].items()))
-    out.print(f"built    : {s['library']} ({ops}; {s['threads']} thread(s); {s['build_s']:.1f} s)")
+    out.print(f"built    : {escape(s['library'])} ({escape(ops)}; {s['threads']} thread(s); {s['build_s']:.1f} s)")
     out.print(f"memory   : workspace {s['workspace_bytes'] / 2**20:.2f} MiB (without reuse "
               f"{s['naive_workspace_bytes'] / 2**20:.2f} MiB), weights {s['weights_bytes'] / 2**20:.2f} MiB")
     if s["templates"]:
-        out.print("kernels  : " + ", ".join(f"{n} x {name}" for name, n in sorted(s["templates"].items())))
+        out.print("kernels  : " + ", ".join(f"{n} x {escape(name)}" for name, n in sorted(s["templates"].items())))
     if s["padded_hand_offs"]:
         out.print(f"layout   : {s['padded_hand_offs']} conv input(s) written padded by the op before (no pack)")
     v = s["verify"]
@@ -101,7 +102,7 @@ def _print_build(s: dict) -> None:
                       f"differ by {v['reference_spread']:.1e}, so the tolerance was {SPREAD_FACTOR}x that, not "
                       f"{REL_TOL:g}")
     else:
-        out.print(f"[yellow]not verified: {v['reason']}[/]")
+        out.print(f"[yellow]not verified: {escape(v['reason'])}[/]")
 
 
 def build(
@@ -173,9 +174,10 @@ def run(
         print(json.dumps(report))
         return
     for name, arr in results.items():
-        out.print(f"output {name}: shape {list(arr.shape)}, mean {float(arr.mean()):.6g}, max {float(arr.max()):.6g}")
+        out.print(f"output {escape(name)}: shape {list(arr.shape)}, mean {float(arr.mean()):.6g}, "
+                  f"max {float(arr.max()):.6g}")
     if output is not None:
-        out.print(f"written  : {output}")
+        out.print(f"written  : {escape(str(output))}")
     if stats:
         out.print(f"latency  : median {stats['median_ms']:.3f} ms, p90 {stats['p90_ms']:.3f} ms over "
                   f"{stats['calls']} calls ({model.manifest.threads} thread(s))")
@@ -193,7 +195,7 @@ def _print_profile(rows: list[dict], runs: int) -> None:
     for i, r in sorted(enumerate(rows), key=lambda ir: -ir[1]["median_us"]):
         tuned = f"{r['tuned_us']:.1f}" if r["tuned_us"] is not None else "-"
         op = r["task"].split("(")[0] if r["task"] else r["op"]  # an anchor's implementation, e.g. conv2d_winograd
-        table.add_row(str(i), r["node"], op, r["kind"], f"{r['median_us']:.1f}",
+        table.add_row(str(i), escape(r["node"]), escape(op), r["kind"], f"{r['median_us']:.1f}",
                       f"{r['median_us'] / total:.0%}", tuned)
     out.print(table)
 
@@ -318,7 +320,8 @@ def tune_model(model: Path, target, options, log: Path, output: Path, input_shap
         graph = _graph(model, input_shape)
         tasks = [t for t in extract_tasks(graph) if tunable([t.task])[0]]
         if not quiet:
-            out.print(f"[bold]{model.name}[/]: {len(tasks)} task(s), {options.n_trials} trials in all ({scheduler})")
+            out.print(f"[bold]{escape(model.name)}[/]: {len(tasks)} task(s), {options.n_trials} trials in all "
+                      f"({scheduler})")
         from stages.report.progress import ModelProgress
 
         with ModelProgress([t.task.description for t in tasks], options.n_trials,
@@ -333,7 +336,7 @@ def tune_model(model: Path, target, options, log: Path, output: Path, input_shap
                                                   quiet=True, verify=verify)
         charts = [str(p) for p in log_charts(TuningLog(log), charts_dir, target.key, options.measure.threads)]
     if fallback and not quiet:
-        err.print(f"[yellow]{fallback}[/]", highlight=False)
+        err.print(f"[yellow]{escape(fallback)}[/]", highlight=False)
     built = {op.task_signature for op in manifest.ops if op.task_signature}  # of a conv and its twin, the faster
     return {
         "model": str(model), "log": str(log), "charts": charts, "fallback": fallback,
@@ -348,13 +351,14 @@ def tune_model(model: Path, target, options, log: Path, output: Path, input_shap
 def print_tune(r: dict) -> None:
     from rich.table import Table
 
-    table = Table(title=f"tasks of {r['model']}")
+    table = Table(title=f"tasks of {escape(r['model'])}")
     for col in ("task", "x", "trials", "new", "best GFLOPS", "failed", "built"):
         table.add_column(col, justify="left" if col == "task" else "right")
     for t in r["tasks"]:
-        table.add_row(t["task"], str(t["weight"]), str(t["trials"]), str(t["new_trials"]), f"{t['best_gflops']:.1f}",
-                      str(sum(t["errors"].values())), "yes" if t["built"] else "-")
+        table.add_row(escape(t["task"]), str(t["weight"]), str(t["trials"]), str(t["new_trials"]),
+                      f"{t['best_gflops']:.1f}", str(sum(t["errors"].values())), "yes" if t["built"] else "-")
     out.print(table)
     _print_build(r)
-    out.print(f"tuning log: {r['log']}")
-    out.print(f"charts   : {Path(r['charts'][0]).parent if r['charts'] else '(none)'} ({len(r['charts'])} PNG)")
+    out.print(f"tuning log: {escape(r['log'])}")
+    charts = escape(str(Path(r["charts"][0]).parent)) if r["charts"] else "(none)"
+    out.print(f"charts   : {charts} ({len(r['charts'])} PNG)")

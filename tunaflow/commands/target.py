@@ -6,6 +6,7 @@ import json
 from typing import Annotated
 
 import typer
+from rich.markup import escape
 from rich.table import Table
 
 from tunaflow.console import fail, out
@@ -26,12 +27,12 @@ def target(
     if json_out:
         print(json.dumps({**t.model_dump(), "key": t.key, "string": t.to_string()}))
         return
-    table = Table(title=f"target {t.name}", show_header=False)
+    table = Table(title=f"target {escape(t.name)}", show_header=False)
     for name, value in [("key", t.key), ("string", t.to_string()), ("triple", t.triple), ("cpu", t.cpu),
                         ("cores", t.cores), ("vector bits", t.vector_bits), ("L1 / L2 / L3",
                         f"{t.l1_bytes // 1024} KiB / {t.l2_bytes // 1024} KiB / {t.l3_bytes // 1024} KiB"),
                         ("features", t.features)]:
-        table.add_row(name, str(value))
+        table.add_row(name, escape(str(value)))
     out.print(table)
 
 

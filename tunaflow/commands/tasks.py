@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
+from rich.markup import escape
 from rich.table import Table
 
 from tunaflow.console import fail, out
@@ -43,7 +44,7 @@ def tasks(
         return
     own = [e for e in found if e.alternative_to is None]
     twins = f" ({len(found) - len(own)} alternative implementations, marked ↳)" if len(found) > len(own) else ""
-    table = Table(title=f"{graph.name}: {len(found)} tasks from {sum(e.weight for e in own)} anchor ops{twins}")
+    table = Table(title=f"{escape(graph.name)}: {len(found)} tasks from {sum(e.weight for e in own)} anchor ops{twins}")
     for col, justify in (("#", "right"), ("op", "left"), ("input", "left"), ("weight", "left"), ("output", "left"),
                          ("epilogue", "left"), ("count", "right"), ("MFLOP", "right")):
         table.add_column(col, justify=justify)
@@ -52,8 +53,8 @@ def tasks(
         x, w, y = ("x".join(map(str, s.shape)) for s in (t.inputs[0], t.inputs[1], t.outputs[0]))
         epi = ",".join(op.kind + "".join(f":{v:g}" for v in op.attrs.values()) for op in t.epilogue)
         op = t.op if e.alternative_to is None else "↳ " + t.op.split("_", 1)[-1]
-        table.add_row(str(i), op, x, w, y, epi or "-", str(e.weight), f"{e.flops / 1e6:.2f}")
+        table.add_row(str(i), escape(op), x, w, y, escape(epi or "-"), str(e.weight), f"{e.flops / 1e6:.2f}")
     out.print(table)
     total = sum(e.flops * e.weight for e in own)
     rest = ", ".join(f"{op} x{n}" for op, n in sorted(untuned_ops(graph).items()))
-    out.print(f"total {total / 1e6:.1f} MFLOPs in tuned ops; not tuned (memory-bound): {rest or 'none'}")
+    out.print(f"total {total / 1e6:.1f} MFLOPs in tuned ops; not tuned (memory-bound): {escape(rest or 'none')}")

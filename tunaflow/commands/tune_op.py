@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
+from rich.markup import escape
 
 from tunaflow.commands.rpc import DeviceKeyOpt, RunnerKind, TokenFile, TrackerOpt, runner_choice
 from tunaflow.console import fail, interrupted, out, prefect_env
@@ -145,18 +146,19 @@ def tune(task, target, options, log: Path, prefect: bool, show_progress: bool, t
 
 
 def print_result(r: dict) -> None:
-    out.print(f"[bold]{r['task']}[/]  ({r['trials']} trials in the log, {r['new_trials']} new, {r['wall_s']:.1f} s)")
+    out.print(f"[bold]{escape(r['task'])}[/]  ({r['trials']} trials in the log, {r['new_trials']} new, "
+              f"{r['wall_s']:.1f} s)")
     if r["best_config"] is None:
         out.print("[red]no successful trial yet[/]")
     else:
         knobs = " ".join(f"{k}={v}" for k, v in r["best_config"].items())
-        out.print(f"best schedule : {knobs}")
+        out.print(f"best schedule : {escape(knobs)}")
         out.print(f"best          : [bold green]{r['best_gflops']:.1f} GFLOPS[/] (spread {r['best_spread']:.1%})")
     speedup = f"  -> tuned is {r['speedup_over_default']:.2f}x the default" if r["speedup_over_default"] else ""
     out.print(f"default       : {r['default_gflops']:.1f} GFLOPS{speedup}")
     out.print(f"numpy         : {r['numpy_gflops']:.1f} GFLOPS")
     if r["errors"]:
-        out.print(f"failed trials : {r['errors']}")
-    out.print(f"tuning log    : {r['log']}")
+        out.print(f"failed trials : {escape(str(r['errors']))}")
+    out.print(f"tuning log    : {escape(r['log'])}")
 
 
