@@ -11,13 +11,15 @@ from rich.markup import escape
 
 from tunaflow.commands.model import VerifyOpt
 from tunaflow.console import fail, interrupted, out
+from tunaflow.limits import MAX_THREADS
 
 DATA = Path(__file__).resolve().parent.parent.parent / "data"
 
 
 def demo(
     trials: Annotated[int, typer.Option(help="trial budget over all of the CNN's tasks")] = 480,
-    threads: Annotated[int, typer.Option(help="threads the kernels are tuned, built and run with")] = 1,
+    threads: Annotated[int, typer.Option(min=1, max=MAX_THREADS,
+                                         help="threads the kernels are tuned, built and run with")] = 1,
     runs: Annotated[Path, typer.Option(help="where the demo's log, libraries and charts go")] = Path("runs"),
     prefect: Annotated[bool, typer.Option("--prefect/--no-prefect", help="run the tuning as a Prefect flow")] = True,
     verify: VerifyOpt = True,

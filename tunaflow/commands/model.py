@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import zipfile
 from pathlib import Path
 from typing import Annotated
 
@@ -11,6 +12,7 @@ from rich.markup import escape
 
 from tunaflow.commands.rpc import DeviceKeyOpt, RunnerKind, TokenFile, TrackerOpt, runner_choice
 from tunaflow.console import err, fail, interrupted, out, prefect_env
+from tunaflow.limits import MAX_THREADS
 
 ShapeOpt = Annotated[list[str] | None, typer.Option(
     "--input-shape", help="bind an input's (or a symbolic dim's) shape, e.g. input=1x3x224x224 or batch=1")]
@@ -109,7 +111,8 @@ def build(
     model: Annotated[Path, typer.Argument(help="the ONNX model")],
     output: Annotated[Path, typer.Option("-o", "--output", help="directory to write the library into")],
     log: Annotated[Path | None, typer.Option(help="tuning log to take the best schedules from")] = None,
-    threads: Annotated[int, typer.Option(help="threads the anchor kernels run with (match the log's)")] = 1,
+    threads: Annotated[int, typer.Option(min=1, max=MAX_THREADS,
+                                         help="threads the anchor kernels run with (match the log's)")] = 1,
     target: TargetOpt = "host",
     input_shape: ShapeOpt = None,
     json_out: JsonOpt = False,
@@ -133,11 +136,13 @@ def build(
 def run(
     library: Annotated[Path, typer.Argument(help="directory written by `tunaflow build`")],
     inputs: Annotated[Path | None, typer.Option(help=".npz with one array per model input (default: random)")] = None,
-    output: Annotated[Path | None, typer.Option(help="write the outputs to this .npz")] = None,
-    bench: Annotated[int, typer.Option(help="time this many calls and report median / p90 latency")] = 0,
-    profile: Annotated[int, typer.Option(help="time each kernel over this many runs: median per op, its share, "
+    output: Annotated[Path | None, typer.Option(help="write the outputs to this .npz (the suffix is added if missing)")]
+    = None,
+    bench: Annotated[int, typer.Option(min=0, help="time this many calls and report median / p90 latency")] = 0,
+    profile: Annotated[int, typer.Option(min=0, help="time each kernel over this many runs: median per op, its share, "
                                               "and the time its record had when tuned")] = 0,
-    threads: Annotated[int | None, typer.Option(help="check the library was built for this many threads")] = None,
+    threads: Annotated[int | None, typer.Option(min=1, max=MAX_THREADS,
+                                                help="check the library was built for this many threads")] = None,
     json_out: JsonOpt = False,
 ) -> None:
     """Run a built library on inputs from an .npz (and optionally time it, whole or per op).
@@ -156,6 +161,7 @@ def run(
     if threads is not None and threads != model.manifest.threads:
         raise fail(f"{library} was built for {model.manifest.threads} thread(s); rebuild it with "
                    f"`tunaflow build ... --threads {threads}` (the kernels' threading is compiled in)")
+    output = _npz_path(output) if output is not None else None
     feeds = _feeds(model, inputs)
     try:
         results = model.run(**feeds)
@@ -200,6 +206,17 @@ def _print_profile(rows: list[dict], runs: int) -> None:
     out.print(table)
 
 
+def _npz_path(output: Path) -> Path:
+    """Where numpy.savez really writes `output` (it adds .npz); a directory or an unwritable place is
+    refused before the run."""
+    path = output if output.suffix == ".npz" else output.with_name(output.name + ".npz")
+    if output.is_dir() or path.is_dir():
+        raise fail(f"--output {output}: is a directory; name the .npz file to write, e.g. {output / 'out.npz'}")
+    if not path.parent.is_dir():
+        raise fail(f"--output {output}: no directory {path.parent} to write into")
+    return path
+
+
 def _feeds(model, inputs: Path | None) -> dict:
     import numpy as np
 
@@ -208,8 +225,14 @@ def _feeds(model, inputs: Path | None) -> dict:
         return {i.name: rng.standard_normal(i.shape).astype(i.dtype) for i in model.inputs}
     if not inputs.is_file():
         raise fail(f"{inputs}: no such file")
-    with np.load(inputs) as data:
-        arrays = {k: data[k] for k in data.files}
+    try:
+        data = np.load(inputs)
+        if not isinstance(data, np.lib.npyio.NpzFile):
+            raise ValueError("it holds one unnamed array (a .npy), not named arrays")
+        with data:
+            arrays = {k: data[k] for k in data.files}
+    except (OSError, ValueError, EOFError, zipfile.BadZipFile) as exc:
+        raise fail(f"{inputs}: not a readable .npz archive ({exc}); write one with numpy.savez") from exc
     names = [i.name for i in model.inputs]
     if set(arrays) != set(names) and len(arrays) == len(names) == 1:
         arrays = {names[0]: next(iter(arrays.values()))}
@@ -237,7 +260,8 @@ def tune(
              "tunable task, alternative implementations included)", show_default=False)] = None,
     scheduler: Annotated[str, typer.Option(help="which task gets the next batch: gradient or round-robin")]
     = "gradient",
-    threads: Annotated[int, typer.Option(help="threads each kernel is tuned and built with")] = 1,
+    threads: Annotated[int, typer.Option(min=1, max=MAX_THREADS,
+                                         help="threads each kernel is tuned and built with")] = 1,
     tuner: Annotated[str, typer.Option(help="search policy: lgbm, lgbm-rank, ga, random, grid")] = "lgbm",
     batch_size: Annotated[int, typer.Option(help="candidates built and measured per round and task")] = 8,
     seed: Annotated[int, typer.Option(help="seed of the search")] = 0,

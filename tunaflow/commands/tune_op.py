@@ -11,6 +11,7 @@ from rich.markup import escape
 
 from tunaflow.commands.rpc import DeviceKeyOpt, RunnerKind, TokenFile, TrackerOpt, runner_choice
 from tunaflow.console import fail, interrupted, out, prefect_env
+from tunaflow.limits import MAX_THREADS, finite_epilogue
 
 SHAPE_HELP = "operator shape options; each operator takes its own (see the README)"
 
@@ -27,8 +28,9 @@ def tune_op(
     pad: Annotated[str | None, typer.Option(
         help="padding: 1, 1x1 or top,left,bottom,right (conv2d, conv2d_winograd)")] = None,
     dilation: Annotated[str | None, typer.Option(help="dilation, e.g. 1 or 2x2 (conv2d)")] = None,
-    groups: Annotated[int | None, typer.Option(help="groups (conv2d)")] = None,
-    epilogue: Annotated[str | None, typer.Option(help="fused ops, e.g. bias,relu or clip:0:6")] = None,
+    groups: Annotated[int | None, typer.Option(min=1, help="groups (conv2d)")] = None,
+    epilogue: Annotated[str | None, typer.Option(callback=finite_epilogue,
+                                                 help="fused ops, e.g. bias,relu or clip:0:6")] = None,
     trials: Annotated[int, typer.Option(help="trial budget of this task in the log; a rerun resumes up to it")] = 64,
     log: Annotated[Path, typer.Option(help="tuning log directory (created if missing)")] = Path("tuning-log"),
     early_stopping: Annotated[int | None, typer.Option(help="stop after this many trials without a new best")] = None,
@@ -37,7 +39,7 @@ def tune_op(
     transfer_from: Annotated[list[Path] | None, typer.Option(
         "--transfer-from", help="a log whose records of the same op seed the cost model (repeatable); "
         "its records of this very task resume the session")] = None,
-    threads: Annotated[int, typer.Option(help="threads each kernel runs with")] = 1,
+    threads: Annotated[int, typer.Option(min=1, max=MAX_THREADS, help="threads each kernel runs with")] = 1,
     seed: Annotated[int, typer.Option(help="seed of the search")] = 0,
     batch_size: Annotated[int, typer.Option(help="candidates built and measured per round")] = 16,
     target: Annotated[str, typer.Option(help="'host', a preset, or 'llvm -mtriple=... -mcpu=...'")] = "host",
