@@ -31,7 +31,8 @@ def run(tmp: Path) -> list[Outcome]:
                                                                                  timeout=5.0))
     outcomes: list[Outcome] = []
     for attack in (rogue_and_replayed_answers, client_against_rogue, request_replayed_after_restart,
-                   forged_results, forged_results_through_tune_op, malformed_jobs, idle_flood, odd_input):
+                   forged_results, forged_results_through_tune_op, malformed_jobs, idle_flood,
+                   idle_flood_past_the_limit, odd_input):
         ctx.tmp = tmp / attack.__name__
         ctx.tmp.mkdir(parents=True, exist_ok=True)
         try:
@@ -62,10 +63,10 @@ class _Context:
         self.procs[name] = subprocess.Popen([sys.executable, "-m", module, *args], cwd=ROOT, env=env or self.env,
                                             stdout=log, stderr=subprocess.STDOUT)
 
-    def tracker(self, new_port: bool = True) -> None:
+    def tracker(self, new_port: bool = True, *extra: str) -> None:
         if new_port:
             self.port = _free_port()
-        self.spawn("tracker", ["tracker", "serve", "--port", str(self.port), "--agent-timeout", "1.5"])
+        self.spawn("tracker", ["tracker", "serve", "--port", str(self.port), "--agent-timeout", "1.5", *extra])
         self.wait(lambda s: True)
 
     def agent(self, name: str, key: str = "dev", shown: str | None = None) -> None:
@@ -372,10 +373,14 @@ def malformed_jobs(ctx: _Context) -> list[Outcome]:
 
 # ---- group 7 ---------------------------------------------------------------------------------------------
 
-def idle_flood(ctx: _Context) -> list[Outcome]:
+def idle_flood_past_the_limit(ctx: _Context) -> list[Outcome]:
+    return idle_flood(ctx, "--max-connections", "128")
+
+
+def idle_flood(ctx: _Context, *tracker_args: str) -> list[Outcome]:
     from stages.faults.hostile_rpc import IdleFlood
 
-    ctx.tracker()
+    ctx.tracker(True, *tracker_args)
     ctx.agent("agent0")
     ctx.devices(1)
     builds = ctx.builds(6, skip=30)
@@ -400,8 +405,9 @@ def idle_flood(ctx: _Context) -> list[Outcome]:
     ok = sum(r.ok for r in results)
     devices = sum(len(k.devices) for k in status.keys) if status else 0
     held = ok == 6 and devices == 1 and status is not None and status.requeued == 0
-    return [Outcome(7, "300 idle sockets (no token), reopened as fast as the tracker closes them, while a client "
-                       "submits 6 candidates to one agent",
+    limit = f" on a tracker with {' '.join(tracker_args)}" if tracker_args else ""
+    return [Outcome(7, f"300 idle sockets (no token){limit}, reopened as fast as the tracker closes them, while a "
+                       "client submits 6 candidates to one agent",
                     f"{ok}/6 measured in {took:.1f} s ({quiet}/6 in {quiet_s:.1f} s without the flood); agent still "
                     f"registered: {devices == 1}; requeued "
                     f"{status.requeued if status else '-'}; {opened} idle sockets opened in all", held,

@@ -8,8 +8,8 @@ dropped counts as a wrong answer, so a crash shows up as one.
 from __future__ import annotations
 
 import asyncio
+import multiprocessing as mp
 import socket
-import threading
 import time
 from dataclasses import dataclass, field
 
@@ -185,44 +185,55 @@ def burst(url: str, token: str, tally: Tally, n: int, concurrency: int = 64) -> 
 
 class IdleFlood:
     """`n` connections that send nothing (no token needed), reopened as soon as the server closes one, from a
-    background thread until `stop()`: the flood that once filled every connection slot."""
+    process of their own (as an attacker's would be) until `stop()`: the flood that once filled every slot."""
 
     def __init__(self, host: str, port: int, n: int):
-        self.host, self.port, self.n = host, port, n
-        self.opened = 0
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True, name="idle-flood")
-        self._thread.start()
+        ctx = mp.get_context("fork")
+        self._opened = ctx.Value("q", 0)
+        self._stop = ctx.Event()
+        self._proc = ctx.Process(target=_flood, args=(host, port, n, self._opened, self._stop), daemon=True,
+                                 name="idle-flood")
+        self._proc.start()
 
-    def _run(self) -> None:
-        socks: list[socket.socket] = []
-        try:
-            while not self._stop.is_set():
-                alive = []
-                for s in socks:
-                    try:
-                        s.setblocking(False)
-                        closed = s.recv(1) == b""
-                    except BlockingIOError:
-                        closed = False
-                    except OSError:
-                        closed = True
-                    if closed:
-                        s.close()
-                    else:
-                        alive.append(s)
-                socks = alive
-                while len(socks) < self.n and not self._stop.is_set():
-                    try:
-                        socks.append(socket.create_connection((self.host, self.port), timeout=2))
-                        self.opened += 1
-                    except OSError:
-                        break
-                self._stop.wait(0.05)
-        finally:
-            for s in socks:
-                s.close()
+    @property
+    def opened(self) -> int:
+        """Connections opened so far (the first `n`, then every reopening)."""
+        return self._opened.value
 
     def stop(self) -> None:
         self._stop.set()
-        self._thread.join(10)
+        self._proc.join(10)
+        if self._proc.is_alive():
+            self._proc.kill()
+            self._proc.join()
+
+
+def _flood(host: str, port: int, n: int, opened, stop) -> None:
+    socks: list[socket.socket] = []
+    try:
+        while not stop.is_set():
+            alive = []
+            for s in socks:
+                try:
+                    closed = s.recv(1) == b""
+                except BlockingIOError:
+                    closed = False
+                except OSError:
+                    closed = True
+                if closed:
+                    s.close()
+                else:
+                    alive.append(s)
+            socks = alive
+            while len(socks) < n and not stop.is_set():
+                try:
+                    s = socket.create_connection((host, port), timeout=2)
+                except OSError:
+                    break
+                s.setblocking(False)
+                socks.append(s)
+                opened.value += 1
+            stop.wait(0.05)
+    finally:
+        for s in socks:
+            s.close()

@@ -35,6 +35,7 @@ AUTH_HEADER = "x-tunaflow-auth"
 REPLY_HEADER = "x-tunaflow-reply"
 REPLAY_WINDOW_S = 60.0
 NO_EPOCH = "-"
+_OTHER_EPOCH = "request signed for another start of the tracker"
 
 _REQUEST = re.compile(r"(-|[0-9a-f]{32}) ([0-9]{1,12}(?:\.[0-9]{1,6})?) ([0-9a-f]{32}) ([0-9a-f]{64}) ([0-9a-f]{64})")
 _REPLY = re.compile(r"([0-9a-f]{32}) ([0-9a-f]{64})")
@@ -197,10 +198,10 @@ class Guard:
         _, ts, nonce, digest, _ = fields
         send = self._signing(send, nonce)
         why = self._fresh(fields)
+        if scope.get("client") and (not why or why.startswith(_OTHER_EPOCH)):
+            self.trusted.add(tuple(scope["client"]))  # a holder of the token (about to sign again, for a new epoch)
         if why:
             return await _reply(send, 401, why)
-        if scope.get("client"):
-            self.trusted.add(tuple(scope["client"]))
         length = headers.get(b"content-length")
         if length is not None and (not length.isdigit() or int(length) > self.max_body):
             return await _reply(send, 413, f"request body over {self.max_body} bytes")
@@ -243,10 +244,9 @@ class Guard:
         return match.groups(), ""
 
     def _fresh(self, fields: tuple[str, ...]) -> str:
-        """'' for a request of this epoch, inside the window, with an unseen nonce; else why not."""
+        """'' for a request inside the window, with an unseen nonce, of this epoch; else why not (in that order: a
+        fresh request of another epoch comes from a client that has yet to learn it)."""
         epoch, ts, nonce, _, _ = fields
-        if epoch != self.epoch:
-            return "request signed for another start of the tracker: sign again for this epoch"
         now = time.time()
         skew = abs(now - float(ts))
         if not skew <= self.window_s:
@@ -257,6 +257,8 @@ class Guard:
             return "replayed request: this signature was already used"
         self._seen.add(nonce)
         self._expiry.append((now + 2 * self.window_s, nonce))
+        if epoch != self.epoch:
+            return f"{_OTHER_EPOCH}: sign again for this epoch"
         return ""
 
     def _signing(self, send, nonce: str):
