@@ -12,32 +12,15 @@ import sys
 from pathlib import Path
 
 import numpy as np
-import onnx
 import pytest
-from onnx import TensorProto, helper, numpy_helper
+from support.odd_names import ODD, odd_model
 
 ROOT = Path(__file__).resolve().parent.parent
-ODD = "[/]:a:"  # a closing tag with nothing to close, and rich's emoji code for 🅰
 
 
 def tunaflow(*args: str | Path, timeout: float = 300) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "tunaflow", *map(str, args)], cwd=ROOT, capture_output=True,
                           text=True, timeout=timeout, env={**os.environ, "COLUMNS": "250"})  # paths unwrapped
-
-
-def odd_model(path: Path) -> Path:
-    """x → Conv (node `[/]`) → Relu → MaxPool (node `:a:`): both names reach the build's and run's output."""
-    rng = np.random.default_rng(0)
-    nodes = [helper.make_node("Conv", ["x", "w", "b"], ["c"], pads=[1, 1, 1, 1], name="[/]"),
-             helper.make_node("Relu", ["c"], ["r"], name="[bold]"),
-             helper.make_node("MaxPool", ["r"], ["y:a:"], kernel_shape=[2, 2], strides=[2, 2], name=":a:")]
-    inits = [numpy_helper.from_array(rng.standard_normal((4, 3, 3, 3)).astype(np.float32), "w"),
-             numpy_helper.from_array(rng.standard_normal(4).astype(np.float32), "b")]
-    graph = helper.make_graph(nodes, ODD, [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 8, 8])],
-                              [helper.make_tensor_value_info("y:a:", TensorProto.FLOAT, [1, 4, 4, 4])], inits)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), path)
-    return path
 
 
 @pytest.fixture(scope="module")

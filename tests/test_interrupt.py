@@ -26,29 +26,30 @@ def interrupt_tune_op(tmp_path: Path, *extra: str) -> tuple[subprocess.Completed
     records before the signal, records after)."""
     log = tmp_path / "log"
     env = {**os.environ, "PREFECT_HOME": str(tmp_path / "prefect"), "DO_NOT_TRACK": "1",
-           "PREFECT_SERVER_ANALYTICS_ENABLED": "false", "COLUMNS": "250"}
+           "PREFECT_SERVER_ANALYTICS_ENABLED": "false", "COLUMNS": "250", "PREFECT_LOGGING_LEVEL": "INFO"}
     env.pop("PREFECT_API_URL", None)  # the command's own temporary server, as for a user
     proc = subprocess.Popen([sys.executable, "-m", "tunaflow", "tune-op", "matmul", "--m", "16", "--n", "16",
                              "--k", "16", "--trials", "5000", "--batch-size", "4", "--remeasure-top-k", "0",
-                             "--log", str(log), *extra], cwd=ROOT, env=env, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, start_new_session=True)
+                             "--log", str(log), *extra], cwd=ROOT, env=env, stdout=(tmp_path / "stdout").open("w"),
+                            stderr=(tmp_path / "stderr").open("w"), start_new_session=True)  # a pipe would fill up
     try:
         deadline = time.monotonic() + 240
         while not list(log.glob("*.parquet")):
-            assert proc.poll() is None, proc.communicate()
+            assert proc.poll() is None, (tmp_path / "stderr").read_text()[-3000:]
             assert time.monotonic() < deadline, "no record within 240 s"
             time.sleep(0.1)
         time.sleep(0.5)  # in the middle of the next batch
         before = len(TuningLog(log).records())
         sent = time.monotonic()
         os.killpg(proc.pid, signal.SIGINT)
-        out, err = proc.communicate(timeout=60)
+        proc.wait(timeout=60)
         took = time.monotonic() - sent
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
     after = len(TuningLog(log).records())
+    out, err = (tmp_path / "stdout").read_text(), (tmp_path / "stderr").read_text()
     return subprocess.CompletedProcess(proc.args, proc.returncode, out, err), took, before, after
 
 
