@@ -72,9 +72,12 @@ def test_run_refuses_inputs_that_are_not_an_npz_archive(built, tmp_path):
 def test_build_into_an_existing_file_is_refused(built, tmp_path):
     model, _ = built
     (tmp_path / "file").write_text("mine")
-    r = tunaflow("build", model, "-o", tmp_path / "file")
-    assert r.returncode == 2 and "is a file" in r.stderr and "Traceback" not in r.stderr
-    assert (tmp_path / "file").read_text() == "mine"
+    for command in ("build", "tune"):
+        r = tunaflow(command, model, "-o", tmp_path / "file", "--log", tmp_path / "log", "--no-prefect") \
+            if command == "tune" else tunaflow(command, model, "-o", tmp_path / "file")
+        assert r.returncode == 2 and "is a file" in r.stderr and "Traceback" not in r.stderr, (command, r.stderr)
+        assert (tmp_path / "file").read_text() == "mine"
+    assert not (tmp_path / "log").exists()  # tune refused before tuning
 
 
 @pytest.mark.parametrize(("args", "option", "fragment"), [

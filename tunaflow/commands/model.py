@@ -285,6 +285,8 @@ def tune(
     from schemas import MeasureOptions, TuningOptions
 
     tgt = _target(target)
+    if output.exists() and not output.is_dir():  # refused before the tuning, not after it
+        raise fail(f"{output} is a file; the library is a directory")
     if trials is None:
         trials = default_budget(_graph(model, input_shape))
     try:
