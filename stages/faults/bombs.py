@@ -121,9 +121,13 @@ TENSOR_BOMBS: dict[str, Callable[[], onnx.ModelProto]] = {
     "declared input": declared_input, "run-time Tile": runtime_tile,
 }
 
+# The peak is this process's own VmHWM: ru_maxrss survives execve, so it would report the parent's size.
 _CHILD = """
-import json, resource, sys
+import json, sys
 from stages.extract import ModelError, load_model
+def peak_rss():
+    with open("/proc/self/status") as f:
+        return next(int(line.split()[1]) * 1024 for line in f if line.startswith("VmHWM:"))
 kwargs = json.loads(sys.argv[1])
 for path in sys.argv[2:]:
     try:
@@ -133,8 +137,7 @@ for path in sys.argv[2:]:
         outcome, message = "ModelError", str(exc)
     except MemoryError as exc:
         outcome, message = "MemoryError", str(exc)
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
-    print(json.dumps({"outcome": outcome, "message": message, "peak_rss": peak}), flush=True)
+    print(json.dumps({"outcome": outcome, "message": message, "peak_rss": peak_rss()}), flush=True)
 """
 
 
