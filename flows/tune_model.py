@@ -20,7 +20,7 @@ from prefect.cache_policies import NO_CACHE
 from flows.artifacts import ProgressArtifact, artifact_key, publish_chart, publish_results
 from flows.tune_op import build as build_step
 from flows.tune_op import propose, record, remeasure, run
-from schemas.options import TuningOptions
+from schemas.options import ImportLimits, TuningOptions
 from schemas.target import Target
 from schemas.task import TuningTask
 from stages.build.manifest import Manifest
@@ -44,8 +44,9 @@ STEPS = RoundSteps(propose=propose, build=build_step, run=run, record=record, re
 
 
 @task(name="extract", task_run_name="extract {model}", cache_policy=NO_CACHE)
-def extract(model: str, input_shapes: dict[str, tuple[int, ...]]) -> tuple[Graph, list[ExtractedTask]]:
-    graph = optimize(load_model(model, input_shapes))
+def extract(model: str, input_shapes: dict[str, tuple[int, ...]], limits: ImportLimits
+            ) -> tuple[Graph, list[ExtractedTask]]:
+    graph = optimize(load_model(model, input_shapes, **limits.model_dump()))
     tasks = extract_tasks(graph)
     return graph, [t for t, ok in zip(tasks, tunable([t.task for t in tasks]), strict=True) if ok]
 
@@ -78,11 +79,11 @@ def latency(tuned: str, default: str) -> dict[str, dict]:
 def tune_model(model: str, target_name: str, options: TuningOptions, log_path: str, out: str,
                input_shapes: dict[str, tuple[int, ...]] | None = None, charts_dir: str | None = None,
                scheduler: str = "gradient", compare_default: bool = True, progress: bool = False,
-               verify: bool = True) -> dict:
+               verify: bool = True, limits: ImportLimits | None = None) -> dict:
     """`options.n_trials` trials (log included) over the tasks of `model`, then the library in `out`."""
     target = Target.parse(target_name)
     threads = options.measure.threads
-    graph, tasks = extract(model, input_shapes or {})
+    graph, tasks = extract(model, input_shapes or {}, limits or ImportLimits())
 
     view = ModelProgress([t.task.description for t in tasks], options.n_trials, every=options.batch_size)
 

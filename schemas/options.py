@@ -7,6 +7,16 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 
+class ImportLimits(BaseModel):
+    """How much memory a model's import may make it allocate (stages/extract/budget.py): the constants folding
+    computes (None: the larger of 256 MB and 4x the model's own tensors) and each run-time tensor (float32)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    max_constant_mb: float | None = Field(default=None, gt=0, allow_inf_nan=False)
+    max_tensor_mb: float = Field(default=4096, gt=0, allow_inf_nan=False)
+
+
 class MeasureOptions(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 

@@ -18,12 +18,13 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from schemas.options import ImportLimits
 from stages.extract.errors import ModelError
 
 MB = 2**20
 MIN_CONSTANT_MB = 256
 WEIGHTS_FACTOR = 4
-DEFAULT_TENSOR_MB = 4096
+DEFAULT_TENSOR_MB = ImportLimits().max_tensor_mb
 FLOAT64 = np.dtype(np.float64)
 
 

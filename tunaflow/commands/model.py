@@ -12,7 +12,7 @@ from rich.markup import escape
 
 from tunaflow.commands.rpc import DeviceKeyOpt, RunnerKind, TokenFile, TrackerOpt, runner_choice
 from tunaflow.console import err, fail, interrupted, out, prefect_env
-from tunaflow.limits import MAX_THREADS
+from tunaflow.limits import DEFAULT_TENSOR_MB, MAX_THREADS, MaxConstantOpt, MaxTensorOpt, import_limits
 
 ShapeOpt = Annotated[list[str] | None, typer.Option(
     "--input-shape", help="bind an input's (or a symbolic dim's) shape, e.g. input=1x3x224x224 or batch=1")]
@@ -23,14 +23,15 @@ VerifyOpt = Annotated[bool, typer.Option(
                                  "the ONNX model (onnxruntime, else onnx.reference)")]
 
 
-def _graph(model: Path, input_shape: list[str] | None):
+def _graph(model: Path, input_shape: list[str] | None, limits=None):
+    from schemas.options import ImportLimits
     from stages.extract import ModelError, load_model, parse_input_shapes
     from stages.graph.passes import optimize
 
     if not model.is_file():
         raise fail(f"{model}: no such model file")
     try:
-        return optimize(load_model(model, parse_input_shapes(input_shape)))
+        return optimize(load_model(model, parse_input_shapes(input_shape), **(limits or ImportLimits()).model_dump()))
     except ModelError as exc:
         raise fail(str(exc)) from exc
 
@@ -100,9 +101,8 @@ def _print_build(s: dict) -> None:
         from stages.build.verify import REL_TOL, SPREAD_FACTOR
 
         if (v.get("reference_spread") or 0) * SPREAD_FACTOR > REL_TOL:
-            out.print(f"           the model is ill-conditioned on these inputs: onnxruntime's own two kernel sets "
-                      f"differ by {v['reference_spread']:.1e}, so the tolerance was {SPREAD_FACTOR}x that, not "
-                      f"{REL_TOL:g}")
+            out.print(f"           the model is ill-conditioned on these inputs: {v['spread_basis']} "
+                      f"{v['reference_spread']:.1e}, so the tolerance was {SPREAD_FACTOR}x that, not {REL_TOL:g}")
     else:
         out.print(f"[yellow]not verified: {escape(v['reason'])}[/]")
 
@@ -117,13 +117,15 @@ def build(
     input_shape: ShapeOpt = None,
     json_out: JsonOpt = False,
     verify: VerifyOpt = True,
+    max_constant_mb: MaxConstantOpt = None,
+    max_tensor_mb: MaxTensorOpt = DEFAULT_TENSOR_MB,
 ) -> None:
     """Build MODEL into one shared library: tuned kernels where the log has them, defaults elsewhere; then
     check it against the ONNX model (OUT is only written when it matches).
 
     Example: tunaflow build model.onnx --log runs/cnn/log -o runs/cnn/lib
     """
-    graph = _graph(model, input_shape)
+    graph = _graph(model, input_shape, import_limits(max_constant_mb, max_tensor_mb))
     manifest, fallback, verification = _build(model, graph, _target(target), output, threads, log, quiet=json_out,
                                               verify=verify)
     summary = build_summary(manifest, output, verification) | {"fallback": fallback}
@@ -275,6 +277,8 @@ def tune(
     tracker: TrackerOpt = "127.0.0.1:9190",
     token_file: TokenFile = None,
     verify: VerifyOpt = True,
+    max_constant_mb: MaxConstantOpt = None,
+    max_tensor_mb: MaxTensorOpt = DEFAULT_TENSOR_MB,
 ) -> None:
     """Extract MODEL's tasks, tune each one, then build the library and check it (resumable from LOG).
 
@@ -287,8 +291,9 @@ def tune(
     tgt = _target(target)
     if output.exists() and not output.is_dir():  # refused before the tuning, not after it
         raise fail(f"{output} is a file; the library is a directory")
+    limits = import_limits(max_constant_mb, max_tensor_mb)
     if trials is None:
-        trials = default_budget(_graph(model, input_shape))
+        trials = default_budget(_graph(model, input_shape, limits))
     try:
         spec, tgt = runner_choice(runner, key, tracker, token_file, tgt, target)
         options = TuningOptions(n_trials=trials, tuner=tuner, seed=seed, batch_size=batch_size,
@@ -301,7 +306,7 @@ def tune(
         raise fail(f"unknown scheduler {scheduler!r}; choose from {sorted(SCHEDULERS)}")
     try:
         result = tune_model(model, tgt, options, log, output, input_shape, prefect, quiet=json_out,
-                            scheduler=scheduler, verify=verify)
+                            scheduler=scheduler, verify=verify, limits=limits)
     except KeyboardInterrupt:
         raise interrupted(log) from None
     if json_out:
@@ -312,8 +317,11 @@ def tune(
 
 def tune_model(model: Path, target, options, log: Path, output: Path, input_shape: list[str] | None,
                prefect: bool, quiet: bool, charts_dir: Path | None = None, scheduler: str = "gradient",
-               verify: bool = True) -> dict:
+               verify: bool = True, limits=None) -> dict:
     """Extract → tune → build → charts, through the Prefect flow or directly; a JSON-able report."""
+    from schemas.options import ImportLimits
+
+    limits = limits or ImportLimits()
     from stages.log import LogError, TuningLog
 
     try:
@@ -333,7 +341,8 @@ def tune_model(model: Path, target, options, log: Path, output: Path, input_shap
             shapes = parse_input_shapes(input_shape)
             with local_server():
                 r = flow(str(model), target.to_string() if target.name != "host" else "host", options, str(log),
-                         str(output), shapes, str(charts_dir), scheduler, progress=not quiet, verify=verify)
+                         str(output), shapes, str(charts_dir), scheduler, progress=not quiet, verify=verify,
+                         limits=limits)
         except (ModelError, BuildError, LogError) as exc:
             raise fail(str(exc)) from exc
         tasks, summaries, manifest, fallback, verification, charts = (
@@ -343,7 +352,7 @@ def tune_model(model: Path, target, options, log: Path, output: Path, input_shap
         from stages.graph.tasks import extract_tasks
         from stages.report.charts import log_charts
 
-        graph = _graph(model, input_shape)
+        graph = _graph(model, input_shape, limits)
         tasks = [t for t in extract_tasks(graph) if tunable([t.task])[0]]
         if not quiet:
             out.print(f"[bold]{escape(model.name)}[/]: {len(tasks)} task(s), {options.n_trials} trials in all "

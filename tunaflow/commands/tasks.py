@@ -11,6 +11,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from tunaflow.console import fail, out
+from tunaflow.limits import DEFAULT_TENSOR_MB, MaxConstantOpt, MaxTensorOpt
 
 
 def tasks(
@@ -19,6 +20,8 @@ def tasks(
         "--input-shape", help="bind a dynamic input: NAME=1x3x224x224, or one symbolic dim: SYMBOL=8 (repeatable)")]
     = None,
     json_out: Annotated[bool, typer.Option("--json", help="print the tasks as JSON lines, for scripts")] = False,
+    max_constant_mb: MaxConstantOpt = None,
+    max_tensor_mb: MaxTensorOpt = DEFAULT_TENSOR_MB,
 ) -> None:
     """List the tuning tasks of a model: op, shapes, fused epilogue, occurrences, FLOPs.
 
@@ -31,7 +34,8 @@ def tasks(
     if not model.is_file():
         raise fail(f"no model file {model}")
     try:
-        graph = optimize(load_model(model, parse_input_shapes(input_shape)))
+        graph = optimize(load_model(model, parse_input_shapes(input_shape), max_constant_mb=max_constant_mb,
+                                    max_tensor_mb=max_tensor_mb))
     except ModelError as exc:
         raise fail(str(exc)) from exc
     found = extract_tasks(graph)
