@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import re
 import shlex
 from pathlib import Path
 
@@ -22,6 +23,12 @@ _AVX2_CPUS = {
     "haswell", "broadwell", "skylake", "alderlake", "raptorlake", "meteorlake", "znver1", "znver2",
     "znver3", "x86-64-v3",
 }
+
+
+# What LLVM's triples, CPU names and feature lists are made of: anything else is a typo or an attack on
+# whatever prints it (a CPU named `[/]` once tuned with every trial a build timeout).
+_WORD = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.+-]*")
+_FEATURES = re.compile(r"([+-][A-Za-z0-9_.-]+(,[+-][A-Za-z0-9_.-]+)*)?")
 
 
 class TargetError(ValueError):
@@ -131,6 +138,12 @@ class Target(BaseModel):
             opts.setdefault("mcpu", host.cpu)
             if "mattr" not in opts and opts["mcpu"] == host.cpu:
                 opts["mattr"] = host.features
+        for field, value in (("mtriple", opts["mtriple"]), ("mcpu", opts["mcpu"])):
+            if not _WORD.fullmatch(value):
+                raise TargetError(f"target option -{field}={value!r} is not a valid LLVM name (letters, digits, "
+                                  "'_', '.', '+', '-')")
+        if not _FEATURES.fullmatch(opts.get("mattr", "")):
+            raise TargetError(f"target option -mattr={opts['mattr']!r} is not a comma list of +feature/-feature")
         try:
             cores = int(opts.get("num-cores", "1"))
             features = opts.get("mattr", "")

@@ -48,6 +48,9 @@ def test_target_presets_and_key_ignores_name_and_feature_order():
     ("llvm -mtriple=x86_64-linux-gnu -mcpu=haswell -bogus=1", "unknown target option"),
     ("llvm -mtriple=x86_64-linux-gnu -mcpu=haswell -num-cores=two", "bad number"),
     ("no-such-preset", "unknown target"),
+    ("llvm -mtriple=x86_64-linux-gnu -mcpu=[/]:a:", "-mcpu='\\[/\\]:a:' is not a valid LLVM name"),
+    ("llvm -mtriple=x86_64 linux -mcpu=haswell", "not of the form"),
+    ("llvm -mtriple=x86_64-linux-gnu -mcpu=haswell -mattr=avx2", "not a comma list"),
 ])
 def test_bad_target_strings_name_the_problem(text, fragment):
     with pytest.raises(TargetError, match=fragment):
