@@ -440,7 +440,8 @@ def report(f: dict, k: dict, r: dict, h: dict, z: dict, args) -> str:
         f"{k['finished_early']}. Only the in-flight batch is lost: a batch is appended as one atomic Parquet part.",
         f"3. **Tracker and agent killed** during an RPC session ({r['target']} trials, 2 agents, batches of 8): "
         f"{'; '.join(r['events'])}. Errors recorded: {r['errors'] or 'none'} (jobs the dead tracker held come "
-        f"back as `unknown` errors, recorded once, not re-measured); tracker requeues after the restart "
+        f"back as `unknown` errors, recorded once; a rerun measures them again, and they do not count toward its "
+        f"budget); tracker requeues after the restart "
         f"{r['requeued']}; {r['seconds']:.0f} s.",
         f"4. **Hostile input** to the tracker (HMAC-signed requests, 1 MiB body limit): {hostile_kinds}; "
         f"{h['slow']} slowloris connections (half a request, then nothing): {h['dropped']} closed by the tracker "
