@@ -71,3 +71,38 @@ def test_ctrl_c_in_prefect_mode_exits_at_once_and_keeps_the_log(tmp_path):
 
 def test_ctrl_c_without_prefect(tmp_path):
     assert_clean_interrupt(*interrupt_tune_op(tmp_path, "--no-prefect"))
+
+
+SWALLOWER = """
+import time, typer
+from tunaflow import cli
+
+@cli.app.command("swallow")
+def swallow() -> None:
+    print("ready", flush=True)
+    while True:  # a library that catches KeyboardInterrupt and goes on
+        try:
+            time.sleep(60)
+        except KeyboardInterrupt:
+            pass
+
+cli.main()
+"""
+
+
+def test_a_command_that_swallows_the_interrupt_is_ended_by_the_backstop(tmp_path):
+    from tunaflow.cli import BACKSTOP_S
+
+    proc = subprocess.Popen([sys.executable, "-c", SWALLOWER, "swallow"], cwd=ROOT, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        assert proc.stdout.readline().strip() == "ready"
+        sent = time.monotonic()
+        os.killpg(proc.pid, signal.SIGINT)
+        _, err = proc.communicate(timeout=30)
+        took = time.monotonic() - sent
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert proc.returncode == 130 and BACKSTOP_S <= took < BACKSTOP_S + 2
+    assert err.strip() == "interrupted: the command did not stop by itself; every batch already in its log is kept"

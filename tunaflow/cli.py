@@ -4,13 +4,17 @@ from __future__ import annotations
 
 import functools
 import gc
+import os
+import signal
+import sys
+import threading
 from collections.abc import Callable
 from typing import Any
 
 import typer
 
 from tunaflow.commands import demo, log, log_check, log_plot, model, rpc, target, tasks, tune_op
-from tunaflow.console import interrupted
+from tunaflow.console import INTERRUPTED, interrupted, interrupted_said
 
 app = typer.Typer(
     help="tunaflow: auto-tune tensor operators with LLVM, keep every trial in a Parquet log, "
@@ -45,7 +49,31 @@ for _name, _fn in (("show", log.log_show), ("export", log.log_export), ("merge",
     _command(log_app, _name, _fn)
 
 
+BACKSTOP_S = 2.0  # a Ctrl-C'd command still running this long later is ended regardless
+
+
+def _force_exit() -> None:
+    if not interrupted_said.is_set():
+        sys.stderr.write("interrupted: the command did not stop by itself; every batch already in its log is kept\n")
+        sys.stderr.flush()
+    os._exit(INTERRUPTED)
+
+
+_backstop = threading.Timer(BACKSTOP_S, _force_exit)
+_backstop.daemon = True
+
+
+def _on_sigint(signum: int, frame: object) -> None:
+    """Ctrl-C raises KeyboardInterrupt, as Python's own handler does, and arms a backstop: a library on the
+    way may swallow it (once, under load, a Prefect-mode tune-op tuned on for minutes after a Ctrl-C), and
+    the log is consistent at any instant (a batch is one atomic part, a stray .tmp is recovered later)."""
+    if not _backstop.is_alive() and not _backstop.finished.is_set():
+        _backstop.start()
+    raise KeyboardInterrupt
+
+
 def main() -> None:
+    signal.signal(signal.SIGINT, _on_sigint)
     try:
         app()
     finally:

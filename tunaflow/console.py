@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import signal
+import threading
 from pathlib import Path
 
 import typer
@@ -18,6 +19,7 @@ out = Console(emoji=False)
 err = Console(stderr=True, emoji=False)
 
 INTERRUPTED = 130  # 128 + SIGINT, what a shell reports for a command stopped by Ctrl-C
+interrupted_said = threading.Event()  # the one line is out: a forced exit adds nothing
 
 
 def fail(msg: str) -> typer.Exit:
@@ -37,6 +39,7 @@ def interrupted(log: Path | None = None) -> typer.Exit:
         except (LogError, OSError) as exc:
             kept = f"; the tuning log {log} could not be read back: {exc}"
     err.print(f"[yellow]interrupted[/]{escape(kept)}", highlight=False, soft_wrap=True)
+    interrupted_said.set()
     return typer.Exit(INTERRUPTED)
 
 
