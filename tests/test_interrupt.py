@@ -104,5 +104,6 @@ def test_a_command_that_swallows_the_interrupt_is_ended_by_the_backstop(tmp_path
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
-    assert proc.returncode == 130 and BACKSTOP_S <= took < BACKSTOP_S + 2
+    assert proc.returncode == 130, err
+    assert BACKSTOP_S <= took < BACKSTOP_S + 8  # slack for a loaded machine
     assert err.strip() == "interrupted: the command did not stop by itself; every batch already in its log is kept"
