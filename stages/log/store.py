@@ -86,18 +86,6 @@ class TuningLog:
             except (OSError, pa.ArrowException) as exc:
                 raise self._write_error(table, exc) from exc
 
-    def read_table(self, strict: bool = True) -> tuple[pa.Table, list[Problem]]:
-        tables, problems = [], []
-        for part in self.parts():
-            try:
-                tables.append(_read_part(part))
-            except LogError as exc:
-                if strict:
-                    raise
-                problems.append(_problem(part, exc))
-        table = pa.concat_tables(tables) if tables else SCHEMA.empty_table()
-        return table, problems
-
     def read(self, strict: bool = True) -> tuple[list[TuningRecord], list[Problem]]:
         """Validated records; with strict=False, unreadable parts, invalid records and stale
         temporary parts become Problems."""
