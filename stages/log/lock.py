@@ -11,6 +11,7 @@ after locking, the inode is re-checked, so a file removed between open and lock 
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import fcntl
 import os
@@ -147,8 +148,6 @@ def _pid_in(fd: int) -> int:
 
 def _drop(path: Path, fd: int) -> None:
     """Unlink while still holding the lock, then close: a waiter that opened the old inode re-checks it."""
-    try:
+    with contextlib.suppress(OSError):  # a read-only log keeps its lock file; the next writer locks it again
         os.unlink(path)
-    except OSError:
-        pass  # a read-only log keeps its lock file; the next writer locks it again
     os.close(fd)
