@@ -6,7 +6,7 @@ Writes its two sections of benchmarks/RESULTS.md.
     flock /tmp/bench.lock .venv/bin/python benchmarks/faults.py [--trials 300] [--kills 20] [--fuzz 10000]
     .venv/bin/python benchmarks/faults.py --part attacks     # only the attacks (about 10 minutes)
 
-Real parts throughout: faults are compiled into candidates (stages/faults/inject.py), processes
+Real parts throughout: faults are compiled into candidates (stages/measure/inject.py), processes
 are killed with SIGKILL, requests go over sockets on 127.0.0.1 to a tracker in its own process.
 """
 
@@ -42,11 +42,11 @@ COMMAND = "flock /tmp/bench.lock .venv/bin/python benchmarks/faults.py"
 def faulty_session(trials: int, rate: float, seed: int, log_dir: Path) -> dict:
     """A tuning session in which `rate` of the candidates carry a real fault."""
     from schemas import MeasureErrorNo, MeasureOptions, Target, TuningOptions, matmul_task
+    from schemas.record import REMEASURE
     from stages.build.apply_best import choose
-    from stages.faults.inject import EXPECTED, fault_for
     from stages.log import TuningLog
     from stages.measure.builder import Builder
-    from stages.measure.remeasure import TUNER_NAME as REMEASURE
+    from stages.measure.inject import EXPECTED, fault_for
     from stages.measure.runner import LocalRunner
     from stages.tune.session import TuningSession, drive
 
@@ -84,8 +84,8 @@ def faulty_session(trials: int, rate: float, seed: int, log_dir: Path) -> dict:
 
 def kill_resume(kills: int, trials: int, batch: int, seed: int, log_dir: Path) -> dict:
     """SIGKILL `tunaflow tune-op --no-prefect` at random moments `kills` times, then let it finish."""
+    from schemas.record import REMEASURE
     from stages.log import TuningLog
-    from stages.measure.remeasure import TUNER_NAME as REMEASURE
 
     log = log_dir / "killed"
     rng = random.Random(seed)
@@ -204,8 +204,8 @@ def rpc_kills(trials: int, tmp: Path) -> dict:
     """An RPC session during which the tracker, then an agent, is SIGKILLed mid-batch and restarted."""
     from schemas import MeasureErrorNo, MeasureOptions, Target, TuningOptions, matmul_task
     from schemas.options import RunnerSpec
+    from schemas.record import REMEASURE
     from stages.log import TuningLog
-    from stages.measure.remeasure import TUNER_NAME as REMEASURE
     from stages.tune.session import run_session
 
     (tmp / "token").write_text(TOKEN)
@@ -256,7 +256,11 @@ def hostile(tmp: Path, burst_n: int, slow_n: int) -> dict:
     import psutil
 
     from schemas import MeasureErrorNo, MeasureOptions, Target, matmul_task
-    from stages.faults.hostile_rpc import (
+    from stages.measure.builder import build_one
+    from stages.rpc.client import RPCRunner
+    from stages.rpc.tracker import IDLE_S
+    from stages.templates import matmul
+    from testing.hostile_rpc import (
         SlowConnections,
         Tally,
         bad_credentials,
@@ -265,10 +269,6 @@ def hostile(tmp: Path, burst_n: int, slow_n: int) -> dict:
         oversized,
         replayed,
     )
-    from stages.measure.builder import build_one
-    from stages.rpc.client import RPCRunner
-    from stages.rpc.tracker import IDLE_S
-    from stages.templates import matmul
 
     port = free_port()
     cluster = Cluster(tmp, port, agents=1, max_body_mb=1)
@@ -319,7 +319,7 @@ def _fuzz_child(seeds: range, workdir: str, conn) -> None:
     import warnings
 
     warnings.simplefilter("ignore")
-    from stages.faults.mutate_onnx import run_seeds
+    from testing.mutate_onnx import run_seeds
 
     conn.send(run_seeds(seeds, Path(workdir), time_limit_s=10.0))
     conn.close()

@@ -31,11 +31,8 @@ sys.path.insert(0, str(ROOT))
 from benchmarks.peak import fp32_peak_gflops  # noqa: E402
 from benchmarks.results import replace_section  # noqa: E402
 from schemas import MeasureOptions, Target, TuningOptions  # noqa: E402
-from stages.build.conformance import check_case  # noqa: E402
 from stages.build.library import build_library  # noqa: E402
-from stages.build.tune_all import tunable, tune_tasks  # noqa: E402
 from stages.extract import load_model  # noqa: E402
-from stages.extract.backend_cases import discover  # noqa: E402
 from stages.graph.passes import optimize  # noqa: E402
 from stages.graph.tasks import extract_tasks  # noqa: E402
 from stages.log import TuningLog  # noqa: E402
@@ -47,6 +44,9 @@ from stages.runtime.compare import (  # noqa: E402
     random_feeds,
     ratio_quartiles,
 )
+from stages.tune.model import tunable, tune_tasks  # noqa: E402
+from testing.backend_cases import discover  # noqa: E402
+from testing.conformance import check_case  # noqa: E402
 
 MODELS = ROOT / "data" / "models"
 # About 80 trials per task, the CNN about 100 over its 15: its 3-channel stem, the largest share of the tuned

@@ -201,13 +201,13 @@ def run_e2e(model: str, threads: int, trials: int, args, root: Path) -> dict:
     """Tune the model's tasks (fresh log, `trials` over all tasks), build, time vs onnxruntime interleaved."""
     from schemas import MeasureOptions, Target, TuningOptions
     from stages.build.library import build_library
-    from stages.build.tune_all import tunable, tune_tasks
     from stages.extract import load_model
     from stages.graph.passes import optimize
     from stages.graph.tasks import extract_tasks
     from stages.log import TuningLog
     from stages.runtime import load
     from stages.runtime.compare import compare, max_rel_error, onnxruntime_runner, random_feeds
+    from stages.tune.model import tunable, tune_tasks
 
     path = MODELS / f"{model}.onnx"
     work = root / f"e2e-{model}-{threads}t"

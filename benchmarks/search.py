@@ -74,7 +74,7 @@ SCHEDULE_TASKS = {"matmul_512": 1, "conv_1x64x56x56_k3": 4, "dense_127x1000x777_
 
 
 def load(name: str):
-    from stages.search.simulate import load_samples
+    from stages.tune.simulate import load_samples
 
     path = SAMPLES / name
     if not path.is_dir():
@@ -113,7 +113,7 @@ def trials_needed(name: str, sample, target, seeds: int, budget: int, transfer=(
     """Per threshold: trials to reach it for each seed (None = not within budget), plus round stats."""
     from stages.search import make_tuner
     from stages.search.base import TunerContext
-    from stages.search.simulate import replay_tuner, trials_to
+    from stages.tune.simulate import replay_tuner, trials_to
 
     best = sample.best_gflops
     out: dict = {t: [] for t in THRESHOLDS}
@@ -203,9 +203,9 @@ def schedule_section(seeds: int, budgets: list[int]) -> list[str]:
     """Round-robin vs gradient allocation at each global budget (a budget at which every task already
     reached its best-known config leaves nothing for allocation to decide, hence more than one)."""
     from schemas import Target
-    from stages.schedule.driver import allocate
-    from stages.schedule.scheduler import SCHEDULERS
-    from stages.search.simulate import replay_step
+    from stages.tune.allocate import allocate
+    from stages.tune.simulate import replay_step
+    from stages.tune.task_scheduler import SCHEDULERS
 
     target = Target.host()
     samples = {n: s for n in SCHEDULE_TASKS if (s := load(n)) is not None}
@@ -236,7 +236,7 @@ def real_section(trials: int) -> list[str]:
     from schemas import MeasureOptions, Target, TuningOptions
     from stages.log import TuningLog
     from stages.measure.builder import Builder
-    from stages.measure.factory import make_runner
+    from stages.tune.runners import make_runner
     from stages.tune.session import TuningSession, measure, measure_default_config
 
     task = sample_task("matmul_512")

@@ -31,7 +31,6 @@ from benchmarks.models import latencies  # noqa: E402
 from benchmarks.results import replace_section  # noqa: E402
 from schemas import Target  # noqa: E402
 from stages.build.library import build_library  # noqa: E402
-from stages.build.tune_all import tunable  # noqa: E402
 from stages.build.verify import reference_runner  # noqa: E402
 from stages.extract import load_model  # noqa: E402
 from stages.extract.weights import fill_weights  # noqa: E402
@@ -40,6 +39,7 @@ from stages.graph.tasks import extract_tasks  # noqa: E402
 from stages.log import TuningLog  # noqa: E402
 from stages.runtime import load  # noqa: E402
 from stages.runtime.compare import compare, onnxruntime_runner, paired_ratio, random_feeds  # noqa: E402
+from stages.tune.model import tunable  # noqa: E402
 
 ZOO = ROOT / "data" / "zoo"
 MODELS = ("resnet50", "mobilenet_v2", "efficientnet_b0", "densenet121", "inception_v3")

@@ -1,7 +1,7 @@
 """Tune a whole model: extract → task scheduler → per round: propose → build → measure → record
 (log append + cost-model retrain) → … → build the library → report.
 
-Thin wiring of stages: the scheduler loop is `stages.build.tune_all.tune_tasks`, handed the
+Thin wiring of stages: the scheduler loop is `stages.tune.model.tune_tasks`, handed the
 task-run versions of each round's steps (from `flows.tune_op`), so every step of every round
 shows in the Prefect UI under the tuning task's name. The tuning log, not Prefect's database,
 is the record of truth: a rerun of this flow resumes every task from the log.
@@ -20,24 +20,24 @@ from prefect.cache_policies import NO_CACHE
 from flows.artifacts import ProgressArtifact, artifact_key, publish_chart, publish_results
 from flows.tune_op import build as build_step
 from flows.tune_op import propose, record, remeasure, run
+from schemas.manifest import Manifest
 from schemas.options import ImportLimits, TuningOptions
+from schemas.record import REMEASURE
 from schemas.target import Target
 from schemas.task import TuningTask
-from stages.build.manifest import Manifest
-from stages.build.tune_all import RoundSteps, tunable
-from stages.build.tune_all import tune_tasks as tune_all
 from stages.build.verify import Verification, build_verified
 from stages.extract import load_model
 from stages.graph.ir import Graph
 from stages.graph.passes import optimize
 from stages.graph.tasks import ExtractedTask, extract_tasks
 from stages.log import TuningLog
-from stages.measure.remeasure import TUNER_NAME as REMEASURE
 from stages.report.charts import log_charts
 from stages.report.progress import ModelProgress
 from stages.runtime import load
 from stages.runtime.compare import compare, random_feeds
 from stages.templates import template_for
+from stages.tune.model import RoundSteps, tunable
+from stages.tune.model import tune_tasks as tune_all
 from stages.tune.session import SessionSummary
 
 STEPS = RoundSteps(propose=propose, build=build_step, run=run, record=record, remeasure=remeasure)

@@ -17,18 +17,18 @@ from flows.artifacts import ProgressArtifact, artifact_key, publish_chart, publi
 from schemas.config import Config
 from schemas.measure import MeasureResult
 from schemas.options import TuningOptions
+from schemas.record import REMEASURE
 from schemas.target import Target
 from schemas.task import TuningTask
 from stages.log import TuningLog
 from stages.measure.artifact import BuildResult
 from stages.measure.base import Runner
 from stages.measure.builder import Builder, build_one
-from stages.measure.factory import make_runner
 from stages.measure.numpy_ref import numpy_gflops
-from stages.measure.remeasure import TUNER_NAME as REMEASURE
 from stages.report.charts import convergence_chart
 from stages.report.progress import TerminalProgress
 from stages.report.summary import op_report
+from stages.tune.runners import make_runner
 from stages.tune.session import TuningSession, measure_default_config, remeasure_top
 
 

@@ -9,6 +9,7 @@ from schemas.measure import MeasureResult
 from schemas.task import TuningTask
 
 SCHEMA_VERSION = 1
+REMEASURE = "remeasure"  # the `tuner` of a re-measurement row: not a trial, never counted as one
 
 
 class TuningRecord(BaseModel):

@@ -8,15 +8,15 @@ import numpy as np
 import pytest
 
 from schemas import Target
+from schemas.manifest import FORMAT_VERSION, LIBRARY, MANIFEST, SIGNATURE, WEIGHTS
 from stages.build.facts import SECTION, Facts
 from stages.build.library import build_library
-from stages.build.manifest import FORMAT_VERSION, LIBRARY, MANIFEST, SIGNATURE, WEIGHTS
 from stages.extract import load_model
-from stages.faults import tamper_artifact as ta
 from stages.graph.passes import optimize
 from stages.runtime import LoadError, load
 from stages.runtime.elf import Elf
 from stages.runtime.loader import Model, read_manifest, verify
+from testing import tamper_artifact as ta
 
 KEY = "test-artifact-key"
 MLP = Path(__file__).resolve().parent.parent / "data" / "models" / "mlp.onnx"

@@ -8,11 +8,11 @@ from llvmlite import ir
 from schemas import Config, EpilogueOp, MeasureOptions, TensorSpec, TuningOptions, TuningTask, matmul_task
 from stages.build.library import BuildError, build_library
 from stages.build.memplan import Step, plan_workspace
-from stages.build.opctx import OpCtx
-from stages.build.ops import OPS
 from stages.graph import reference
 from stages.graph.ir import Graph, Node, Value
 from stages.log import TuningLog
+from stages.memops.opctx import OpCtx
+from stages.memops.registry import OPS
 from stages.runtime import load
 from stages.tune.session import run_session
 

@@ -3,8 +3,8 @@ expected outputs (rtol 1e-3, atol 1e-4). Cases whose anchor op has no template y
 
 import pytest
 
-from stages.build.conformance import check_case
-from stages.extract.backend_cases import discover
+from testing.backend_cases import discover
+from testing.conformance import check_case
 
 CASES, _ = discover()
 

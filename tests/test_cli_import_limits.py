@@ -11,7 +11,7 @@ from pathlib import Path
 import onnx
 import pytest
 
-from stages.faults import bombs
+from testing import bombs
 
 ROOT = Path(__file__).resolve().parent.parent
 CNN = ROOT / "data" / "models" / "cnn.onnx"

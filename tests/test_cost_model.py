@@ -12,14 +12,14 @@ from stages.cost_model.dataset import Rows, knob_columns, speed, task_rows, tran
 from stages.cost_model.features import FEATURES, feature_names, featurize, generic_features
 from stages.cost_model.lgbm import LGBMModel, relevance
 from stages.cost_model.metrics import topk_recall
-from stages.cost_model.transfer import load_transfer
 from stages.log import TuningLog
 from stages.search import make_tuner
 from stages.search.base import TunerContext
 from stages.search.codec import SpaceCodec
-from stages.search.simulate import load_samples
 from stages.templates import template_for
 from stages.tune.session import TuningSession
+from stages.tune.simulate import load_samples
+from stages.tune.transfer import load_transfer
 
 SAMPLES = Path(__file__).resolve().parents[1] / "data" / "samples"
 

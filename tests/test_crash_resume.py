@@ -9,8 +9,8 @@ import sys
 import time
 from pathlib import Path
 
+from schemas.record import REMEASURE
 from stages.log import TuningLog
-from stages.measure.remeasure import TUNER_NAME as REMEASURE
 
 ROOT = Path(__file__).resolve().parent.parent
 TRIALS, BATCH = 24, 4

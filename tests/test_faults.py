@@ -3,8 +3,8 @@
 import pytest
 
 from schemas import MeasureErrorNo, MeasureOptions, matmul_task
-from stages.faults.inject import EXPECTED, KINDS, fault_for, inject
 from stages.measure.builder import build_one
+from stages.measure.inject import EXPECTED, KINDS, fault_for, inject
 from stages.measure.runner import LocalRunner
 from stages.templates import template_for
 

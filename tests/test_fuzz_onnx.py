@@ -15,9 +15,9 @@ from onnx import helper, numpy_helper
 from test_onnx_import import save, vi
 
 from stages.extract import ModelError, load_model
-from stages.faults.mutate_onnx import bundled_models, import_case, mutate, run_seeds
 from stages.graph import reference
 from stages.graph.passes import optimize
+from testing.mutate_onnx import bundled_models, import_case, mutate, run_seeds
 
 MODELS = bundled_models()
 pytestmark = pytest.mark.filterwarnings("ignore::RuntimeWarning")

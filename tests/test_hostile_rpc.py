@@ -17,9 +17,9 @@ from test_rpc import ROOT, TOKEN, Cluster
 from test_rpc_restart import builds
 
 from schemas import MeasureErrorNo
-from stages.faults.hostile_rpc import SlowConnections, Tally, bad_credentials, burst, malformed, oversized, replayed
 from stages.rpc.auth import AUTH_HEADER, Guard, RequestSigner, signature
 from stages.rpc.tracker import IDLE_S
+from testing.hostile_rpc import SlowConnections, Tally, bad_credentials, burst, malformed, oversized, replayed
 
 
 def footprint(pid: int) -> tuple[float, int]:

@@ -18,7 +18,7 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from stages.extract import ModelError, load_model
-from stages.faults import bombs
+from testing import bombs
 
 ROOT = Path(__file__).resolve().parents[1]
 CAP = 2 * 2**30

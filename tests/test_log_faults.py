@@ -18,12 +18,12 @@ from onnx import TensorProto, helper
 from test_log import rec
 
 from schemas import MeasureErrorNo, MeasureOptions, MeasureResult, TuningOptions, matmul_task
-from stages.faults.disk import drop_dac_override
+from schemas.record import REMEASURE
 from stages.log import LogBusyError, TuningLog, merge
 from stages.log.lock import LOCK_NAME
 from stages.log.store import to_table
-from stages.measure.remeasure import TUNER_NAME as REMEASURE
 from stages.tune.session import TuningSession, run_session
+from testing.disk import drop_dac_override
 
 ROOT = Path(__file__).resolve().parent.parent
 ENV = {**os.environ, "PYTHONPATH": str(ROOT)}
@@ -36,10 +36,10 @@ MID_SESSION = """
 import json, os, sys
 from pathlib import Path
 from schemas import MeasureOptions, Target, TuningOptions, matmul_task
-from stages.faults.disk import file_size_limit
+from testing.disk import file_size_limit
 from stages.log import LogError, TuningLog
 from stages.measure.builder import Builder
-from stages.measure.factory import make_runner
+from stages.tune.runners import make_runner
 from stages.tune.session import TuningSession, measure
 
 mode, path = sys.argv[1], Path(sys.argv[2])

@@ -10,9 +10,9 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from stages.extract import ModelError, UnsupportedOpsError, load_model, parse_input_shapes
-from stages.extract.backend_cases import discover
 from stages.graph import reference
 from stages.graph.passes import optimize
+from testing.backend_cases import discover
 
 MODELS = Path(__file__).resolve().parent.parent / "data" / "models"
 
@@ -211,7 +211,7 @@ def test_slice_with_negative_steps_and_pad_modes_match_onnxruntime(tmp_path, ops
 def test_real_architectures_shipped_with_onnx_match_onnxruntime_after_optimisation(tmp_path, name):
     """The package's 'light' models generate their weights with ConstantOfShape (all equal values):
     random weights instead make the comparison mean something."""
-    from stages.extract.backend_cases import DATA
+    from testing.backend_cases import DATA
 
     model = onnx.load(str(DATA / "light" / f"light_{name}.onnx"))
     rng = np.random.default_rng(6)

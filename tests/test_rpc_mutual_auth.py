@@ -18,10 +18,10 @@ from test_rpc_restart import builds
 
 from schemas import MeasureErrorNo
 from schemas.rpc import MeasureJob, SubmitRequest
-from stages.faults.rogue_tracker import canary_object, captured, plain
 from stages.rpc.auth import AUTH_HEADER, REPLY_HEADER, RequestSigner
 from stages.rpc.client import TrackerError
 from stages.templates import matmul
+from testing.rogue_tracker import canary_object, captured, plain
 
 REFUSED = "not signed by the tracker"
 
@@ -34,7 +34,7 @@ class Rogue:
         script.write_text(json.dumps(routes))
         self.log.write_text("")
         env = {k: v for k, v in os.environ.items() if k != "TUNAFLOW_RPC_TOKEN"}
-        self.proc = subprocess.Popen([sys.executable, "-m", "stages.faults.rogue_tracker", "--port", str(port),
+        self.proc = subprocess.Popen([sys.executable, "-m", "testing.rogue_tracker", "--port", str(port),
                                       "--script", str(script), "--log", str(self.log)], cwd=ROOT, env=env)
 
     def requests(self) -> list[str]:

@@ -20,11 +20,11 @@ from typer.testing import CliRunner
 
 from schemas import MeasureErrorNo, MeasureResult
 from schemas.rpc import MeasureJob, SubmitRequest
-from stages.faults.forged_agent import FORGERIES
-from stages.faults.hostile_rpc import IdleFlood, current_epoch
 from stages.measure.plausible import fastest_plausible_s, judge
 from stages.rpc.auth import AUTH_HEADER, RequestSigner, signature
 from stages.templates import matmul
+from testing.forged_agent import FORGERIES
+from testing.hostile_rpc import IdleFlood, current_epoch
 
 IMPLAUSIBLE = MeasureErrorNo.implausible_result
 
@@ -47,7 +47,7 @@ def test_judge_refuses_what_no_measurement_gives(host):
 def forger(tmp_path_factory):
     c = Cluster(tmp_path_factory.mktemp("forger"))
     log = open(c.tmp / "forger.log", "w")  # noqa: SIM115 - closed with the process
-    c.procs["forger"] = subprocess.Popen([sys.executable, "-m", "stages.faults.forged_agent", "--tracker", c.url,
+    c.procs["forger"] = subprocess.Popen([sys.executable, "-m", "testing.forged_agent", "--tracker", c.url,
                                           "--key", "dev"], cwd=ROOT, env=c.env, stdout=log, stderr=subprocess.STDOUT)
     c.wait_for(lambda s: sum(len(k.devices) for k in s.keys) == 1)
     yield c
@@ -123,7 +123,7 @@ def test_an_agent_answers_a_job_it_cannot_read_and_keeps_serving(tmp_path, host)
     from test_rpc import free_port
     from test_rpc_mutual_auth import lease_of
 
-    from stages.faults.rogue_tracker import plain
+    from testing.rogue_tracker import plain
 
     job = MeasureJob.of(TASK, host, dict(matmul.default_config(TASK, host).knobs), b"o", FAST)
     lease = lease_of("j1", job)
@@ -134,7 +134,7 @@ def test_an_agent_answers_a_job_it_cannot_read_and_keeps_serving(tmp_path, host)
                                   "next": plain(200, lease)}))
     requests.write_text("")
     env = {**os.environ, "TUNAFLOW_RPC_TOKEN": TOKEN}
-    fake = subprocess.Popen([sys.executable, "-m", "stages.faults.rogue_tracker", "--port", str(port), "--sign",
+    fake = subprocess.Popen([sys.executable, "-m", "testing.rogue_tracker", "--port", str(port), "--sign",
                              "--script", str(script), "--log", str(requests)], cwd=ROOT, env=env)
     with open(tmp_path / "agent.log", "w") as log:
         agent = subprocess.Popen([sys.executable, "-m", "tunaflow", "runner", "serve", "--tracker",

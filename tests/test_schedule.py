@@ -4,8 +4,8 @@ import math
 
 import pytest
 
-from stages.schedule.driver import allocate, weighted_latency
-from stages.schedule.scheduler import GradientScheduler, RoundRobin, TaskState
+from stages.tune.allocate import allocate, weighted_latency
+from stages.tune.task_scheduler import GradientScheduler, RoundRobin, TaskState
 
 
 def curve_step(start: float, floor: float, rate: float, limit: int = 10_000):
@@ -95,9 +95,9 @@ def test_with_every_other_task_exhausted_the_slow_member_gets_the_rest_of_the_bu
 
 def test_tune_tasks_groups_a_conv_with_its_winograd_twin():
     from schemas.task import parse_epilogue
-    from stages.build.tune_all import alternative_groups
     from stages.templates import conv2d_winograd
     from stages.templates.conv2d_shape import conv2d_task
+    from stages.tune.model import alternative_groups
 
     conv = conv2d_task((1, 16, 8, 8), (16, 16, 3, 3), (1, 1), (1, 1, 1, 1), (1, 1), 1, parse_epilogue("bias"))
     strided = conv2d_task((1, 16, 8, 8), (16, 16, 3, 3), (2, 2), (1, 1, 1, 1), (1, 1), 1, parse_epilogue("bias"))
@@ -108,9 +108,9 @@ def test_a_task_new_to_a_resumed_log_gets_its_default_before_the_older_tasks_go_
     """A twin added after its sibling was tuned (or whose template version changed) must be measured
     at least once, or the build cannot compare the two."""
     from schemas import MeasureOptions, Target, TuningOptions, matmul_task
-    from stages.build.tune_all import tune_tasks
     from stages.log import TuningLog
     from stages.templates import matmul
+    from stages.tune.model import tune_tasks
 
     host, log = Target.host(), TuningLog(tmp_path / "log")
     old, new = matmul_task(24, 32, 16), matmul_task(16, 24, 32)
@@ -125,10 +125,10 @@ def test_a_task_new_to_a_resumed_log_gets_its_default_before_the_older_tasks_go_
 def test_a_task_no_schedule_serves_gets_no_trials_and_the_others_tune_on(monkeypatch, tmp_path):
     """NoValidConfig for one task of a model must not stop `tune`: that task builds with the generic kernel."""
     from schemas import MeasureOptions, Target, TuningOptions, matmul_task
-    from stages.build.tune_all import tune_tasks
     from stages.log import TuningLog
     from stages.templates import matmul
     from stages.templates.space import NoValidConfig
+    from stages.tune.model import tune_tasks
 
     host, log = Target.host(), TuningLog(tmp_path / "log")
     good, bad = matmul_task(24, 32, 16), matmul_task(16, 24, 32)

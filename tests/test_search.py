@@ -16,9 +16,9 @@ from stages.search.base import TunerContext
 from stages.search.codec import SpaceCodec, small_pool
 from stages.search.lgbm import ModelTuner
 from stages.search.prior import default_knobs, near_default
-from stages.search.simulate import load_samples, replay, replay_tuner, sample_space, trials_to
 from stages.templates import template_for
 from stages.tune.session import TuningSession
+from stages.tune.simulate import load_samples, replay, replay_tuner, sample_space, trials_to
 
 SAMPLES = Path(__file__).resolve().parents[1] / "data" / "samples"
 NAMES = sorted(TUNERS)

@@ -1,3 +1,5 @@
 """tunaflow: auto-tuning compiler pipeline for tensor operators."""
 
-__version__ = "0.1.0"
+from schemas.version import VERSION as __version__
+
+__all__ = ["__version__"]

@@ -22,13 +22,13 @@ import numpy as np
 
 from attacks import Outcome
 from schemas import Target
+from schemas.manifest import KEY_ENV, LIBRARY, SIGNATURE, WEIGHTS
 from stages.build.library import build_library
-from stages.build.manifest import KEY_ENV, LIBRARY, SIGNATURE, WEIGHTS
 from stages.extract import load_model
-from stages.faults import tamper_artifact as ta
 from stages.graph.passes import optimize
 from stages.runtime import load
 from stages.runtime.loader import Model, read_manifest, verify
+from testing import tamper_artifact as ta
 
 ROOT = Path(__file__).resolve().parents[2]
 GROUP = 2

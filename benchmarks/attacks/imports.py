@@ -2,7 +2,7 @@
 import allocate tens of GiB, a declared 1x3x100000x100000 input, and .onnx files whose external data is
 missing or short.
 
-Each bomb is imported in its own child process under a 2 GiB address-space cap (stages/faults/bombs.py),
+Each bomb is imported in its own child process under a 2 GiB address-space cap (testing/bombs.py),
 so a bomb that gets through ends in MemoryError (a crash) rather than swapping the machine; the child's
 peak RSS is reported. The declared input and the external-data files go through `tunaflow tasks` as a
 user runs it, under the same cap.
@@ -22,7 +22,7 @@ import onnx
 from onnx import TensorProto, helper, numpy_helper
 
 from attacks import Outcome
-from stages.faults import bombs
+from testing import bombs
 
 ROOT = Path(__file__).resolve().parents[2]
 GROUP = 8

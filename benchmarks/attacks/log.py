@@ -33,8 +33,8 @@ def run(tmp: Path) -> list[Outcome]:
 
 
 def read_only_mid_session(work: Path) -> Outcome:
-    from stages.faults.disk import drop_dac_override
     from stages.log import merge
+    from testing.disk import drop_dac_override
 
     log, spare = work / "log", work / "spare"
     spare.mkdir(parents=True)
@@ -178,7 +178,7 @@ def tracker_outage(work: Path) -> Outcome:
     from schemas.options import RunnerSpec
     from stages.log import TuningLog
     from stages.measure.builder import Builder
-    from stages.measure.factory import make_runner
+    from stages.tune.runners import make_runner
     from stages.tune.session import TuningSession, measure, run_session
 
     with socket.socket() as s:

@@ -79,7 +79,7 @@ class _Context:
         requests.write_text("")
         self.spawn(name, ["--port", str(self.port), "--script", str(script), "--log", str(requests),
                           *(["--sign"] if sign else [])], env=self.env if sign else self.no_token,
-                   module="stages.faults.rogue_tracker")
+                   module="testing.rogue_tracker")
         return requests
 
     def status(self):
@@ -150,8 +150,8 @@ def _free_port() -> int:
 
 def _canary_job(ctx: _Context, marker: Path):
     from schemas.rpc import MeasureJob
-    from stages.faults.rogue_tracker import canary_object
     from stages.templates import matmul
+    from testing.rogue_tracker import canary_object
 
     knobs = dict(matmul.default_config(ctx.task, ctx.target).knobs)
     return MeasureJob.of(ctx.task, ctx.target, knobs, canary_object(ctx.target, marker), ctx.options)
@@ -169,9 +169,9 @@ def rogue_and_replayed_answers(ctx: _Context) -> list[Outcome]:
     import httpx
 
     from schemas.rpc import SubmitRequest
-    from stages.faults.rogue_tracker import captured, plain
     from stages.rpc.auth import RequestSigner
     from stages.rpc.client import TrackerClient
+    from testing.rogue_tracker import captured, plain
 
     marker = ctx.tmp / "canary-ran"
     job = _canary_job(ctx, marker)
@@ -223,7 +223,7 @@ def rogue_and_replayed_answers(ctx: _Context) -> list[Outcome]:
 
 
 def client_against_rogue(ctx: _Context) -> list[Outcome]:
-    from stages.faults.rogue_tracker import plain
+    from testing.rogue_tracker import plain
 
     ctx.port = _free_port()
     ctx.rogue("rogue-status", {"status": plain(200, {"keys": [], "requeued": 0, "failed_after_retries": 0})})
@@ -265,13 +265,13 @@ def request_replayed_after_restart(ctx: _Context) -> list[Outcome]:
 
 def _forger(ctx: _Context, *extra: str) -> None:
     ctx.tracker()
-    ctx.spawn("forger", ["--tracker", ctx.url, "--key", "dev", *extra], module="stages.faults.forged_agent")
+    ctx.spawn("forger", ["--tracker", ctx.url, "--key", "dev", *extra], module="testing.forged_agent")
     ctx.devices(1)
 
 
 def forged_results(ctx: _Context) -> list[Outcome]:
     from schemas import MeasureErrorNo
-    from stages.faults.forged_agent import FORGERIES
+    from testing.forged_agent import FORGERIES
 
     _forger(ctx)
     n = 1 + len(FORGERIES)
@@ -317,10 +317,10 @@ def malformed_jobs(ctx: _Context) -> list[Outcome]:
 
     from schemas import MeasureResult
     from schemas.rpc import MeasureJob, SubmitRequest
-    from stages.faults.rogue_tracker import plain
     from stages.rpc.auth import RequestSigner
     from stages.rpc.client import TrackerClient
     from stages.templates import matmul
+    from testing.rogue_tracker import plain
 
     knobs = dict(matmul.default_config(ctx.task, ctx.target).knobs)
     job = MeasureJob.of(ctx.task, ctx.target, knobs, b"o", ctx.options)
@@ -378,7 +378,7 @@ def idle_flood_past_the_limit(ctx: _Context) -> list[Outcome]:
 
 
 def idle_flood(ctx: _Context, *tracker_args: str) -> list[Outcome]:
-    from stages.faults.hostile_rpc import IdleFlood
+    from testing.hostile_rpc import IdleFlood
 
     ctx.tracker(True, *tracker_args)
     ctx.agent("agent0")
@@ -419,8 +419,8 @@ def idle_flood(ctx: _Context, *tracker_args: str) -> list[Outcome]:
 def odd_input(ctx: _Context) -> list[Outcome]:
     import httpx
 
-    from stages.faults.hostile_rpc import current_epoch
     from stages.rpc.auth import AUTH_HEADER, RequestSigner, signature
+    from testing.hostile_rpc import current_epoch
 
     ctx.tracker()
     outcomes = []

@@ -13,7 +13,7 @@ from __future__ import annotations
 from llvmlite import ir
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from stages.build.manifest import WEIGHTS, Manifest, TensorInfo
+from schemas.manifest import WEIGHTS, Manifest, TensorInfo
 
 SECTION = ".tunaflow_facts"
 SYMBOL = "tf_facts"

@@ -31,11 +31,7 @@ from pathlib import Path
 import numpy as np
 from llvmlite import ir
 
-from schemas.target import Target
-from stages.build import facts
-from stages.build.apply_best import Choice, choose, fallback_message, implementations
-from stages.build.halo import HaloPlan, plan_halos
-from stages.build.manifest import (
+from schemas.manifest import (
     FORMAT_VERSION,
     LIBRARY,
     MANIFEST,
@@ -50,15 +46,19 @@ from stages.build.manifest import (
     log_digest,
     signature,
 )
+from schemas.target import Target
+from stages.build import facts
+from stages.build.apply_best import Choice, choose, fallback_message, implementations
+from stages.build.halo import HaloPlan, plan_halos
 from stages.build.memplan import Step, aligned, plan_workspace
-from stages.build.ops import ALIASES, OPS, OpCtx, UnsupportedOp, unsupported_nodes
-from stages.build.ops_anchor import GENERIC_OPS, generic_anchor
 from stages.codegen import runtime
 from stages.codegen.compile import GENERATED_OPS_LEVEL, compile_ir
 from stages.codegen.harness import monotonic_clock
 from stages.codegen.irb import F64, I64, VOIDP, i64, intrinsic
 from stages.graph.ir import Graph, Node
 from stages.log import TuningLog
+from stages.memops.anchor import GENERIC_OPS, generic_anchor
+from stages.memops.registry import ALIASES, OPS, OpCtx, UnsupportedOp, unsupported_nodes
 from stages.templates import TEMPLATES, alternatives, template_for
 from stages.templates.conv2d import Halo
 

@@ -33,9 +33,9 @@ from pathlib import Path
 import numpy as np
 import onnx
 
+from schemas.manifest import MANIFEST, SIGNATURE, Manifest
 from schemas.target import Target
 from stages.build.library import BuildError, build_library
-from stages.build.manifest import MANIFEST, SIGNATURE, Manifest
 from stages.graph.ir import Graph, Node
 from stages.graph.reference import run_node
 from stages.runtime.loader import host_features, load, missing_features

@@ -18,8 +18,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from schemas.errors import ModelError
 from schemas.options import ImportLimits
-from stages.extract.errors import ModelError
 
 MB = 2**20
 MIN_CONSTANT_MB = 256

@@ -16,7 +16,7 @@ import onnx
 from google.protobuf.message import DecodeError
 from onnx.external_data_helper import ExternalDataInfo, load_external_data_for_tensor, uses_external_data
 
-from stages.extract.errors import ModelError
+from schemas.errors import ModelError
 
 
 def read_model(path: Path) -> onnx.ModelProto:

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 from onnx import helper, numpy_helper
 
-from stages.extract.errors import ModelError
+from schemas.errors import ModelError
 
 if TYPE_CHECKING:
     from stages.extract.normalize import Ctx

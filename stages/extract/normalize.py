@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from stages.extract.errors import ModelError
+from schemas.errors import ModelError
 from stages.graph.reference import pool_out
 
 Emit = tuple[str, list[str], list[str], dict]  # op, inputs, outputs, attrs

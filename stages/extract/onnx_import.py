@@ -23,8 +23,8 @@ import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
+from schemas.errors import ModelError, UnsupportedOpsError
 from stages.extract.budget import DEFAULT_TENSOR_MB, Budget
-from stages.extract.errors import ModelError, UnsupportedOpsError
 from stages.extract.external import read_model
 from stages.extract.folding import FOLD_ONLY, scratch
 from stages.extract.normalize import NORMALIZERS, RUNTIME_FORMS, Ctx

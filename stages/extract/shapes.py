@@ -6,7 +6,7 @@ from collections.abc import Callable
 
 import numpy as np
 
-from stages.extract.errors import ModelError
+from schemas.errors import ModelError
 from stages.graph.reference import pool_out
 
 Shape = tuple[int, ...]

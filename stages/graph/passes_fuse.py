@@ -24,8 +24,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from schemas.errors import ModelError
 from schemas.task import EpilogueOp, TensorSpec, TuningTask
-from stages.extract.errors import ModelError
 from stages.graph.ir import Graph, Node, Value
 from stages.templates import epilogue as epi
 

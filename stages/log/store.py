@@ -21,12 +21,11 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 from pydantic import ValidationError
 
-from schemas.record import SCHEMA_VERSION, TuningRecord
+from schemas.record import REMEASURE, SCHEMA_VERSION, TuningRecord
 from stages.log.arrow_schema import JSON_META, arrow_schema, from_row, to_row
 from stages.log.errors import LogError, LogVersionError, LogWriteError
 from stages.log.lock import WriterLease, acquire, holder
 from stages.log.parts import final_name, rescue, stale_parts, write_part
-from stages.measure.remeasure import TUNER_NAME as REMEASURE
 
 VERSION_KEY = "tunaflow.schema_version"
 SCHEMA = arrow_schema(TuningRecord, metadata={VERSION_KEY: str(SCHEMA_VERSION)})

@@ -19,15 +19,15 @@ from schemas.options import MeasureOptions
 from schemas.target import Target
 from schemas.task import TuningTask
 from stages.codegen.compile import compile_ir
-from stages.faults.inject import fault_for, inject
 from stages.measure.artifact import BuildResult
+from stages.measure.inject import fault_for, inject
 from stages.templates import template_for
 
 
 def build_one(task: TuningTask, config: Config, target: Target, threads: int = 1, fault_rate: float = 0.0,
               fault_seed: int = 0) -> BuildResult:
     """Build in this process; errors are returned, never raised. With `fault_rate`, chosen
-    candidates get a real fault compiled in (stages/faults), to test what survives them."""
+    candidates get a real fault compiled in (stages/measure/inject.py), to test what survives them."""
     start = time.perf_counter()
     tpl = template_for(task)
     why = tpl.space(task, target).reason(config.knobs)

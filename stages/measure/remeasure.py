@@ -6,13 +6,12 @@ from __future__ import annotations
 
 from schemas.config import Config
 from schemas.measure import MeasureResult
-from schemas.record import TuningRecord
+from schemas.record import REMEASURE, TuningRecord
 from schemas.target import Target
 from schemas.task import TuningTask
 from stages.measure.base import Runner
 from stages.measure.builder import Builder
 
-TUNER_NAME = "remeasure"
 ROUNDS = 3
 
 
@@ -20,7 +19,7 @@ def top_k(records: list[TuningRecord], k: int) -> list[Config]:
     """The k fastest distinct configs among error-free tuning records (re-measurements excluded)."""
     best: dict[int, TuningRecord] = {}
     for r in records:
-        if r.result.ok and r.tuner != TUNER_NAME:
+        if r.result.ok and r.tuner != REMEASURE:
             if r.config.index not in best or r.result.median < best[r.config.index].result.median:
                 best[r.config.index] = r
     return [r.config for r in sorted(best.values(), key=lambda r: r.result.median)[:k]]

@@ -11,9 +11,8 @@ import json
 import re
 from pathlib import Path
 
-from schemas.record import TuningRecord
+from schemas.record import REMEASURE, TuningRecord
 from stages.log import TuningLog
-from stages.measure.remeasure import TUNER_NAME as REMEASURE
 
 
 def convergence_chart(records: list[TuningRecord], title: str, dest: Path) -> Path:

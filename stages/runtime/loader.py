@@ -29,9 +29,7 @@ from pathlib import Path
 import numpy as np
 from pydantic import ValidationError
 
-from stages.build import facts as library_facts
-from stages.build.facts import Facts
-from stages.build.manifest import (
+from schemas.manifest import (
     FORMAT_VERSION,
     KEY_ENV,
     LIBRARY,
@@ -45,6 +43,8 @@ from stages.build.manifest import (
     artifact_key,
     signature,
 )
+from stages.build import facts as library_facts
+from stages.build.facts import Facts
 from stages.build.memplan import ALIGN
 from stages.runtime.elf import Elf, ElfError
 

@@ -20,21 +20,20 @@ from dataclasses import dataclass, field
 from schemas.config import Config
 from schemas.measure import MeasureErrorNo, MeasureResult
 from schemas.options import TuningOptions
-from schemas.record import TuningRecord
+from schemas.record import REMEASURE, TuningRecord
 from schemas.target import Target
 from schemas.task import TuningTask
-from stages.cost_model.transfer import load_transfer
+from schemas.version import VERSION
 from stages.log import TuningLog
 from stages.measure.artifact import BuildResult
 from stages.measure.base import Runner
 from stages.measure.builder import Builder
-from stages.measure.factory import make_runner
-from stages.measure.remeasure import TUNER_NAME as REMEASURE
 from stages.measure.remeasure import remeasure, top_k
 from stages.search import make_tuner
 from stages.search.base import TunerContext
 from stages.templates import template_for
-from tunaflow import __version__
+from stages.tune.runners import make_runner
+from stages.tune.transfer import load_transfer
 
 
 @dataclass(frozen=True)
@@ -145,7 +144,7 @@ class TuningSession:
         for config, result in zip(configs, results, strict=True):
             gflops = self.task.flops / result.median / 1e9 if result.ok else 0.0
             records.append(TuningRecord(
-                tunaflow_version=__version__, session_id=self.session_id, trial=self.trials + len(records),
+                tunaflow_version=VERSION, session_id=self.session_id, trial=self.trials + len(records),
                 tuner=self.tuner.name, target_key=self.target.key, task_signature=self.task.signature,
                 task=self.task, template_version=self.template.VERSION, threads=self.options.measure.threads,
                 config=config, result=result,
@@ -174,7 +173,7 @@ class TuningSession:
     def record_remeasurement(self, configs: list[Config], results: list[MeasureResult]) -> list[TuningRecord]:
         """Log the top-k re-measurement (not counted as trials); the best becomes the fastest of it."""
         records = [TuningRecord(
-            tunaflow_version=__version__, session_id=self.session_id, trial=self.trials + i, tuner=REMEASURE,
+            tunaflow_version=VERSION, session_id=self.session_id, trial=self.trials + i, tuner=REMEASURE,
             target_key=self.target.key, task_signature=self.task.signature, task=self.task,
             template_version=self.template.VERSION, threads=self.options.measure.threads, config=config,
             result=result, gflops=self.task.flops / result.median / 1e9 if result.ok else 0.0,

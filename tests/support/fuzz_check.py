@@ -23,9 +23,9 @@ import numpy as np
 import onnxruntime as ort
 
 from schemas import Config, MeasureResult, Target, TuningRecord
+from schemas.errors import UnsupportedOpsError
 from stages.build.library import BuildError, build_library
 from stages.extract import load_model
-from stages.extract.errors import UnsupportedOpsError
 from stages.graph.passes import optimize
 from stages.log import TuningLog
 from stages.runtime import load

@@ -246,8 +246,8 @@ TRIALS_PER_TASK = 64  # the bundled CNN: 10 tasks and 5 Winograd twins, 960 tria
 
 def default_budget(graph) -> int:
     """`tunaflow tune`'s budget when none is given: TRIALS_PER_TASK for each tunable task."""
-    from stages.build.tune_all import tunable
     from stages.graph.tasks import extract_tasks
+    from stages.tune.model import tunable
 
     return TRIALS_PER_TASK * max(1, sum(tunable([t.task])[0] for t in extract_tasks(graph)))
 
@@ -300,7 +300,7 @@ def tune(
                                 measure=MeasureOptions(threads=threads), runner=spec)
     except (ValidationError, ValueError) as exc:
         raise fail(str(exc)) from exc
-    from stages.schedule.scheduler import SCHEDULERS
+    from stages.tune.task_scheduler import SCHEDULERS
 
     if scheduler not in SCHEDULERS:
         raise fail(f"unknown scheduler {scheduler!r}; choose from {sorted(SCHEDULERS)}")
@@ -348,9 +348,9 @@ def tune_model(model: Path, target, options, log: Path, output: Path, input_shap
         tasks, summaries, manifest, fallback, verification, charts = (
             r[k] for k in ("tasks", "summaries", "manifest", "fallback", "verification", "charts"))
     else:
-        from stages.build.tune_all import tunable, tune_tasks
         from stages.graph.tasks import extract_tasks
         from stages.report.charts import log_charts
+        from stages.tune.model import tunable, tune_tasks
 
         graph = _graph(model, input_shape, limits)
         tasks = [t for t in extract_tasks(graph) if tunable([t.task])[0]]

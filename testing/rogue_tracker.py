@@ -10,7 +10,7 @@ With `--sign` it holds the token (TUNAFLOW_RPC_TOKEN) and signs its answers as t
 faulty or compromised tracker, to show what an agent does with a job no real tracker would queue.
 Without it, it refuses to start while the token is in its environment.
 
-    python -m stages.faults.rogue_tracker --port 9190 --script script.json --log requests.log [--sign]
+    python -m testing.rogue_tracker --port 9190 --script script.json --log requests.log [--sign]
 """
 
 from __future__ import annotations

@@ -12,9 +12,9 @@ from collections.abc import Callable
 
 from llvmlite import ir
 
-from stages.build.loops import contiguous_strides, f32, offset
-from stages.build.opctx import OpCtx
 from stages.codegen.irb import add, for_range, gep, i64, mul
+from stages.memops.loops import contiguous_strides, f32, offset
+from stages.memops.opctx import OpCtx
 
 
 def conv_transpose(ctx: OpCtx) -> None:

@@ -5,9 +5,9 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 
-from stages.build.loops import Operand, contiguous_strides, emit_map, f32, loop_nest, offset
-from stages.build.opctx import OpCtx
 from stages.codegen.irb import add, gep, i64, mul
+from stages.memops.loops import Operand, contiguous_strides, emit_map, f32, loop_nest, offset
+from stages.memops.opctx import OpCtx
 
 
 def _copy(ctx: OpCtx, extents, out: Operand, src: Operand) -> None:

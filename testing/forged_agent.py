@@ -1,7 +1,7 @@
 """An agent holding the token that lies about its results (tests and attacks): it is the real agent, but
 after measuring each job it posts, in turn, the honest result or one of FORGERIES.
 
-    python -m stages.faults.forged_agent --tracker http://127.0.0.1:9190 --key dev
+    python -m testing.forged_agent --tracker http://127.0.0.1:9190 --key dev
 """
 
 from __future__ import annotations

@@ -17,8 +17,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from schemas.manifest import KEY_ENV, LIBRARY, MANIFEST, SIGNATURE, WEIGHTS, file_digest, signature
 from stages.build.facts import SECTION, SYMBOL
-from stages.build.manifest import KEY_ENV, LIBRARY, MANIFEST, SIGNATURE, WEIGHTS, file_digest, signature
 from stages.runtime.elf import Elf
 
 REFUSED = 3  # the child's exit code for a LoadError
@@ -121,7 +121,7 @@ def attempt(lib: Path, key: str | None = None, feeds: list[tuple[list[int], str]
         env[KEY_ENV] = key
     spec = json.dumps({"lib": str(lib), "feeds": feeds, "profile": profile})
     try:
-        proc = subprocess.run([sys.executable, "-m", "stages.faults.tamper_artifact", spec], cwd=ROOT, env=env,
+        proc = subprocess.run([sys.executable, "-m", "testing.tamper_artifact", spec], cwd=ROOT, env=env,
                               capture_output=True, text=True, timeout=timeout)
     except subprocess.TimeoutExpired as exc:
         return Attempt(-1, None, None, f"hung for {timeout:.0f} s\n{exc.stderr or ''}")

@@ -7,7 +7,7 @@ from collections.abc import Callable
 import numpy as np
 from llvmlite import ir
 
-from stages.build.loops import (
+from stages.memops.loops import (
     Combine,
     Operand,
     broadcast_strides,
@@ -19,7 +19,7 @@ from stages.build.loops import (
     select_max,
     select_min,
 )
-from stages.build.opctx import OpCtx
+from stages.memops.opctx import OpCtx
 
 
 def elementwise(ctx: OpCtx, fn: Combine, inputs: list[int] | None = None) -> None:

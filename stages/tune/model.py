@@ -1,6 +1,6 @@
 """Tune every task of a model before its build, under one global trial budget.
 
-The task scheduler (`stages/schedule`, gradient-based by default, as in Ansor) picks which task
+The task scheduler (`stages/tune/task_scheduler.py`, gradient-based by default, as in Ansor) picks which task
 gets the next batch, weighting each task by how often it occurs in the model and treating a task
 and its alternative implementations (`stages.templates.alternatives`) as one op, of which the build
 runs the fastest. A task's first
@@ -25,12 +25,12 @@ from stages.log import TuningLog
 from stages.measure.artifact import BuildResult
 from stages.measure.base import Runner
 from stages.measure.builder import Builder
-from stages.measure.factory import make_runner
-from stages.schedule.driver import allocate
-from stages.schedule.scheduler import SCHEDULERS
 from stages.templates import TEMPLATES, alternatives
 from stages.templates.space import NoValidConfig
+from stages.tune.allocate import allocate
+from stages.tune.runners import make_runner
 from stages.tune.session import Observer, SessionSummary, TuningSession, remeasure_top
+from stages.tune.task_scheduler import SCHEDULERS
 
 
 @dataclass(frozen=True)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Sequence
 
-from stages.schedule.scheduler import Scheduler, TaskState, group_bests, group_of
+from stages.tune.task_scheduler import Scheduler, TaskState, group_bests, group_of
 
 # Runs up to n trials of one task; returns (trials run, best latency of the task so far in s).
 Step = Callable[[int], tuple[int, float]]

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from stages.build import ops_conv_transpose, ops_elementwise, ops_layout, ops_reduce
-from stages.build.opctx import OpCtx, UnsupportedOp
+from stages.memops import conv_transpose, elementwise, layout, reduce
+from stages.memops.opctx import OpCtx, UnsupportedOp
 
-OPS: dict[str, Callable[[OpCtx], None]] = {**ops_elementwise.OPS, **ops_layout.OPS, **ops_reduce.OPS,
-                                           **ops_conv_transpose.OPS}
-ALIASES = ops_layout.ALIASES
+OPS: dict[str, Callable[[OpCtx], None]] = {**elementwise.OPS, **layout.OPS, **reduce.OPS,
+                                           **conv_transpose.OPS}
+ALIASES = layout.ALIASES
 
 
 def unsupported_nodes(nodes) -> list[str]:

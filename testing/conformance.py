@@ -9,10 +9,10 @@ import numpy as np
 
 from schemas.target import Target
 from stages.build.library import BuildError, build_library
-from stages.extract.backend_cases import BackendCase
 from stages.graph.passes import optimize
 from stages.runtime import load
 from stages.templates import TEMPLATES
+from testing.backend_cases import BackendCase
 
 RTOL, ATOL = 1e-3, 1e-4
 

@@ -100,7 +100,7 @@ class GradientScheduler:
 
 def group_of(s: TaskState, i: int) -> int:
     """The group of task `i`: its `group`, or its own index (groups are indices of a member, as
-    `stages.build.tune_all.alternative_groups` gives them)."""
+    `stages.tune.model.alternative_groups` gives them)."""
     return i if s.group is None else s.group
 
 

@@ -9,19 +9,6 @@ from collections.abc import Callable
 import numpy as np
 from llvmlite import ir
 
-from stages.build.loops import (
-    Operand,
-    broadcast_strides,
-    call_f32,
-    contiguous_strides,
-    emit_map,
-    f32,
-    fadd_reassoc,
-    loop_nest,
-    select_max,
-    select_min,
-)
-from stages.build.opctx import OpCtx
 from stages.codegen.irb import (
     F32,
     I1,
@@ -39,6 +26,19 @@ from stages.codegen.irb import (
     store_vec,
     vec,
 )
+from stages.memops.loops import (
+    Operand,
+    broadcast_strides,
+    call_f32,
+    contiguous_strides,
+    emit_map,
+    f32,
+    fadd_reassoc,
+    loop_nest,
+    select_max,
+    select_min,
+)
+from stages.memops.opctx import OpCtx
 from stages.templates.epilogue import _exp as exp_f32  # the shared inline expf (vectorisable)
 
 _INIT = {"sum": 0.0, "mean": 0.0, "max": -math.inf, "min": math.inf}

@@ -14,7 +14,7 @@ import numpy as np
 import onnx
 from onnx import numpy_helper
 
-from stages.extract.errors import ModelError
+from schemas.errors import ModelError
 from stages.extract.onnx_import import load_model
 from stages.graph.ir import Graph
 

@@ -12,9 +12,9 @@ import math
 
 from llvmlite import ir
 
-from stages.build.loops import f32, loop_nest
-from stages.build.opctx import OpCtx
 from stages.codegen.irb import add, for_range, gep, i64, mul
+from stages.memops.loops import f32, loop_nest
+from stages.memops.opctx import OpCtx
 from stages.templates.epilogue import emit, operands
 
 GENERIC_OPS = frozenset({"matmul", "dense", "batch_matmul"})

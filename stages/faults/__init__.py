@@ -1,1 +1,0 @@
-"""Fault injection: real machine-code faults in chosen candidates, to prove the tuner survives them."""
