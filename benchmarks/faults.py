@@ -18,7 +18,6 @@ import os
 import random
 import resource
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -32,6 +31,8 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
 from results import replace_section  # noqa: E402
+
+from testing.cluster import Cluster, free_port  # noqa: E402
 
 TOKEN = "bench-faults-token-0123456789"
 COMMAND = "flock /tmp/bench.lock .venv/bin/python benchmarks/faults.py"
@@ -133,73 +134,6 @@ def kill_resume(kills: int, trials: int, batch: int, seed: int, log_dir: Path) -
 
 # ---- 3. tracker and agent killed mid-batch --------------------------------------------------------------
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-class Cluster:
-    """A tracker and device agents as child processes."""
-
-    def __init__(self, tmp: Path, port: int, agents: int, max_body_mb: int = 64):
-        self.tmp, self.port = tmp, port
-        self.env = {**os.environ, "TUNAFLOW_RPC_TOKEN": TOKEN}
-        self.procs: dict[str, subprocess.Popen] = {}
-        self.max_body_mb = max_body_mb
-        self.start_tracker()
-        for i in range(agents):
-            self.start_agent(f"agent{i}")
-        self.wait(lambda s: sum(len(k.devices) for k in s.keys) >= agents)
-
-    def spawn(self, name: str, *args: str) -> None:
-        log = open(self.tmp / f"{name}.log", "a")  # noqa: SIM115 - lives as long as the process
-        self.procs[name] = subprocess.Popen([sys.executable, "-m", "tunaflow", *args], cwd=ROOT, env=self.env,
-                                            stdout=log, stderr=subprocess.STDOUT)
-
-    def start_tracker(self) -> None:
-        self.spawn("tracker", "tracker", "serve", "--port", str(self.port), "--agent-timeout", "1.5",
-                   "--max-body-mb", str(self.max_body_mb))
-
-    def start_agent(self, name: str) -> None:
-        self.spawn(name, "runner", "serve", "--tracker", f"127.0.0.1:{self.port}", "--key", "dev", "--name", name)
-
-    def status(self):
-        from stages.rpc.client import TrackerClient, TrackerError
-
-        client = TrackerClient(f"http://127.0.0.1:{self.port}", TOKEN)
-        try:
-            return client.status()
-        except TrackerError:
-            return None
-        finally:
-            client.close()
-
-    def wait(self, ok, timeout: float = 90.0):
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            status = self.status()
-            if status is not None and ok(status):
-                return status
-            time.sleep(0.1)
-        raise RuntimeError(f"cluster not ready; see logs in {self.tmp}")
-
-    def kill(self, name: str) -> None:
-        self.procs[name].kill()
-        self.procs[name].wait()
-
-    def close(self) -> None:
-        for proc in self.procs.values():
-            if proc.poll() is None:
-                proc.send_signal(signal.SIGINT)
-        for proc in self.procs.values():
-            try:
-                proc.wait(10)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
-
-
 def rpc_kills(trials: int, tmp: Path) -> dict:
     """An RPC session during which the tracker, then an agent, is SIGKILLed mid-batch and restarted."""
     from schemas import MeasureErrorNo, MeasureOptions, Target, TuningOptions, matmul_task
@@ -209,8 +143,7 @@ def rpc_kills(trials: int, tmp: Path) -> dict:
     from stages.tune.session import run_session
 
     (tmp / "token").write_text(TOKEN)
-    port = free_port()
-    cluster = Cluster(tmp, port, agents=2)
+    cluster = Cluster(tmp, TOKEN)
     events: list[str] = []
     busy = lambda s: any(d.busy for k in s.keys for d in k.devices)  # noqa: E731
 
@@ -232,17 +165,16 @@ def rpc_kills(trials: int, tmp: Path) -> dict:
 
     measure_opts = MeasureOptions(number=1, repeat=3, min_repeat_ms=50, timeout=5.0)
     options = TuningOptions(n_trials=trials, batch_size=8, tuner="random", top_k_remeasure=0, measure=measure_opts,
-                            runner=RunnerSpec(kind="rpc", key="dev", port=port, token_file=str(tmp / "token")))
+                            runner=RunnerSpec(kind="rpc", key="dev", port=cluster.port, token_file=str(tmp / "token")))
     log = TuningLog(tmp / "rpc_log")
     thread = threading.Thread(target=chaos, daemon=True)
-    start = time.perf_counter()
-    try:
+    with cluster:
+        cluster.start("agent0", "agent1")
+        start = time.perf_counter()
         thread.start()
         summary = run_session(matmul_task(32, 48, 64), Target.host(), options, log)
         thread.join(60)
-        final = cluster.wait(lambda s: sum(len(k.devices) for k in s.keys) >= 2)
-    finally:
-        cluster.close()
+        final = cluster.devices(2)
     records = [r for r in log.records() if r.tuner != REMEASURE]
     errors = Counter(r.result.error_no.name for r in records if r.result.error_no != MeasureErrorNo.no_error)
     return {"trials": summary.trials, "target": trials, "events": events, "errors": dict(errors),
@@ -270,12 +202,11 @@ def hostile(tmp: Path, burst_n: int, slow_n: int) -> dict:
         replayed,
     )
 
-    port = free_port()
-    cluster = Cluster(tmp, port, agents=1, max_body_mb=1)
-    url = f"http://127.0.0.1:{port}"
-    tracker = psutil.Process(cluster.procs["tracker"].pid)
+    cluster = Cluster(tmp, TOKEN, max_body_mb=1)
+    url = cluster.url
     tally = Tally()
-    try:
+    with cluster:
+        tracker = psutil.Process(cluster.start("agent0").procs["tracker"].pid)
         burst(url, TOKEN, Tally(), 200)  # warm-up: the baseline includes the server's steady state
         time.sleep(2.0)
         rss0, fds0 = tracker.memory_info().rss / 2**20, tracker.num_fds()
@@ -283,7 +214,7 @@ def hostile(tmp: Path, burst_n: int, slow_n: int) -> dict:
         replayed(url, TOKEN, tally, n=100)
         malformed(url, TOKEN, tally, n=10)
         oversized(url, TOKEN, 1024 * 1024, tally, n=5)
-        slow = SlowConnections("127.0.0.1", port, slow_n)
+        slow = SlowConnections("127.0.0.1", cluster.port, slow_n)
         try:
             fds_slow = tracker.num_fds()
             start = time.perf_counter()
@@ -300,8 +231,6 @@ def hostile(tmp: Path, burst_n: int, slow_n: int) -> dict:
         builds = [build_one(task, space.config(i), target) for i in list(space.valid_indices())[::499][:4]]
         with RPCRunner(MeasureOptions(number=1, repeat=3, min_repeat_ms=5), "dev", url, TOKEN) as runner:
             served = sum(r.error_no == MeasureErrorNo.no_error for r in runner.run(builds))
-    finally:
-        cluster.close()
     env = {k: v for k, v in os.environ.items() if k != "TUNAFLOW_RPC_TOKEN"}
     refused = subprocess.run([sys.executable, "-m", "tunaflow", "tracker", "serve", "--host", "0.0.0.0", "--port",
                               str(free_port())], cwd=ROOT, env=env, capture_output=True, text=True, timeout=60)

@@ -17,7 +17,6 @@ import os
 for _var in ("OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE"):  # before numpy loads OpenBLAS
     os.environ.pop(_var, None)
 
-import argparse  # noqa: E402
 import multiprocessing as mp  # noqa: E402
 import random  # noqa: E402
 import statistics  # noqa: E402
@@ -33,6 +32,9 @@ from threadpoolctl import threadpool_limits  # noqa: E402
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from kernel_bench import Candidate, chosen, command_line, schedule_cell, sweep_parser, time_kernel  # noqa: E402
+from results import markdown_table, publish  # noqa: E402
+
 from schemas.target import Target  # noqa: E402
 from schemas.task import TuningTask, parse_epilogue  # noqa: E402
 from stages.codegen.compile import compile_ir  # noqa: E402
@@ -42,8 +44,8 @@ from stages.measure.numpy_ref import blas_kernel  # noqa: E402
 from stages.runtime.quiet import settle  # noqa: E402
 from stages.templates import TEMPLATES, batch_matmul, dense, matmul  # noqa: E402
 
-RESULTS = ROOT / "benchmarks" / "RESULTS.md"
-BEGIN, END = "<!-- kernels:gemm -->", "<!-- /kernels:gemm -->"
+SECTION, TITLE = "kernels:gemm", "GEMM kernels vs numpy (`benchmarks/kernels.py`)"
+BATCH_S = 0.005  # each timed batch of kernel calls lasts about this long
 BIAS_RELU = parse_epilogue("bias,relu")
 
 
@@ -74,30 +76,12 @@ def cases() -> list[Case]:
     return out
 
 
-@dataclass
-class Candidate:
-    knobs: dict
-    obj: bytes
-    compile_s: float
-    cost: float = float("inf")
-
-
 def _compile(args: tuple) -> tuple[dict, bytes, float]:
     task, knobs, threads = args
     target = Target.host()
     start = time.perf_counter()
     obj = compile_ir(TEMPLATES[task.op].build_ir(task, knobs, target, threads), target)
     return knobs, obj.data, time.perf_counter() - start
-
-
-def time_kernel(kernel: LoadedKernel, args: list[np.ndarray], seconds: float) -> float:
-    one = max(kernel.time(args, 1), 1e-7)
-    number = max(1, int(0.005 / one))
-    samples = []
-    deadline = time.perf_counter() + seconds
-    while time.perf_counter() < deadline or len(samples) < 3:
-        samples.append(kernel.time(args, number))
-    return statistics.median(samples)
 
 
 def time_numpy(fn: Callable, inputs: list[np.ndarray], threads: int, seconds: float) -> float:
@@ -150,7 +134,7 @@ def run_case(pool, case: Case, n_configs: int, seed: int) -> dict:
             wrong += 1
             continue
         c = Candidate(knobs, obj, cs)
-        c.cost = time_kernel(kernel, args, 0.02)
+        c.cost = time_kernel(kernel, args, 0.02, BATCH_S)
         cands.append(c)
     ranked = sorted(cands[1:], key=lambda c: c.cost)
     finalists = [cands[0], *ranked[:5]]
@@ -161,7 +145,7 @@ def run_case(pool, case: Case, n_configs: int, seed: int) -> dict:
         np_costs.append(time_numpy(case.numpy_fn, inputs, case.threads, 0.1))
         settle()  # OpenBLAS's threads spin after numpy: timed now, our kernels would share the cores
         for i, (k, a) in enumerate(loaded):
-            costs[i].append(time_kernel(k, a, 0.05))
+            costs[i].append(time_kernel(k, a, 0.05, BATCH_S))
     med = [statistics.median(c) for c in costs]
     np_cost = statistics.median(np_costs)
     best = min(range(len(finalists)), key=lambda i: med[i])
@@ -206,12 +190,10 @@ def goals(rows: list[dict]) -> list[str]:
 
 
 def table(rows: list[dict], n_configs: int, command: str) -> str:
+    """The section's body (RESULTS.md adds the markers and the title)."""
     target = Target.host()
     n_compiled = sum(len(r["compile_s"]) for r in rows)
     lines = [
-        BEGIN,
-        "## GEMM kernels vs numpy (`benchmarks/kernels.py`)",
-        "",
         f"`{command}` — {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, {target.cpu}, numpy {np.__version__} "
         f"with {blas_kernel()} (OPENBLAS_CORETYPE/OPENBLAS_L2_SIZE unset), same thread count. tunaflow: the default "
         f"schedule, and the best of the default plus {n_configs} random valid configs from the full-width, "
@@ -219,39 +201,25 @@ def table(rows: list[dict], n_configs: int, command: str) -> str:
         "re-measured interleaved with numpy (medians of 5 rounds). Ratios > 1 mean faster than numpy; dense's "
         "numpy reference is `np.maximum(x @ w.T + b, 0)`.",
         "",
-        "| case | threads | numpy GFLOPS | default GFLOPS | default / numpy | best GFLOPS | best / numpy "
-        "| best schedule |",
-        "|---|---|---|---|---|---|---|---|",
+        *markdown_table(
+            ["case", "threads", "numpy GFLOPS", "default GFLOPS", "default / numpy", "best GFLOPS", "best / numpy",
+             "best schedule"],
+            [[r["case"], r["threads"], f"{r['numpy_gflops']:.1f}", f"{r['default_gflops']:.1f}",
+              f"{r['default_ratio']:.2f}x", f"{r['best_gflops']:.1f}", f"**{r['best_ratio']:.2f}x**",
+              schedule_cell(r["best_knobs"])] for r in rows]),
     ]
-    for r in rows:
-        knobs = " ".join(f"{k}={v}" for k, v in r["best_knobs"].items())
-        lines.append(f"| {r['case']} | {r['threads']} | {r['numpy_gflops']:.1f} | {r['default_gflops']:.1f} | "
-                     f"{r['default_ratio']:.2f}x | {r['best_gflops']:.1f} | **{r['best_ratio']:.2f}x** | `{knobs}` |")
     lines += ["", "| goal (issue 9) | target | measured | verdict |", "|---|---|---|---|", *goals(rows), "",
               f"Compile time: IR build + LLVM O1 + codegen, wall clock, 2 compiles in parallel, over {n_compiled} "
-              f"candidates. Candidates with a wrong answer: {sum(r['wrong'] for r in rows)}.", END]
+              f"candidates. Candidates with a wrong answer: {sum(r['wrong'] for r in rows)}."]
     return "\n".join(lines)
 
 
-def write_section(text: str) -> None:
-    old = RESULTS.read_text() if RESULTS.exists() else "# Benchmark results\n"
-    if BEGIN in old and END in old:
-        new = old[: old.index(BEGIN)] + text + old[old.index(END) + len(END):]
-    else:
-        new = old.rstrip("\n") + "\n\n" + text + "\n"
-    RESULTS.write_text(new)
-
-
 def main(argv: list[str] | None = None) -> list[dict]:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--configs", type=int, default=150, help="random configs per case")
-    ap.add_argument("--cases", default="", help="comma-separated substrings of case names (default: all)")
-    ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--no-write", action="store_true", help="print the table, leave RESULTS.md alone")
+    ap = sweep_parser(__doc__, "case", "cases")
     ap.add_argument("--conv", action="store_true", help="also run the conv2d section (kernels_conv.py)")
     args = ap.parse_args(argv)
-    wanted = [w for w in args.cases.split(",") if w]
-    selected = [c for c in cases() if not wanted or any(w in c.name for w in wanted)]
+    names = chosen([c.name for c in cases()], args.cases)
+    selected = [c for c in cases() if c.name in names]
     rows = []
     with mp.get_context("spawn").Pool(2) as pool:
         for i, case in enumerate(selected):
@@ -260,12 +228,8 @@ def main(argv: list[str] | None = None) -> list[dict]:
                   f"default {r['default_ratio']:.2f}x, best {r['best_gflops']:.1f} GFLOPS {r['best_ratio']:.2f}x "
                   f"{r['best_knobs']}", flush=True)
             rows.append(r)
-    command = "flock /tmp/bench.lock .venv/bin/python benchmarks/kernels.py" + \
-        (f" --configs {args.configs}" if args.configs != 150 else "") + (f" --cases {args.cases}" if wanted else "")
-    text = table(rows, args.configs, command)
-    print(text)
-    if not args.no_write:
-        write_section(text)
+    command = command_line("kernels.py", args.configs, "cases", args.cases)
+    publish(SECTION, TITLE, table(rows, args.configs, command), write=not args.no_write)
     if args.conv:
         import kernels_conv
 

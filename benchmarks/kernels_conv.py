@@ -11,19 +11,20 @@ Writes the `kernels:conv` section of benchmarks/RESULTS.md.
 
 from __future__ import annotations
 
-import argparse
 import multiprocessing as mp
 import random
 import statistics
 import sys
 import time
-from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+
+from kernel_bench import Candidate, chosen, command_line, schedule_cell, sweep_parser, time_kernel  # noqa: E402
+from results import markdown_table, publish  # noqa: E402
 
 from schemas.target import Target  # noqa: E402
 from schemas.task import TuningTask, parse_epilogue  # noqa: E402
@@ -33,8 +34,8 @@ from stages.measure.check import compare, reduction_size  # noqa: E402
 from stages.runtime.quiet import settle  # noqa: E402
 from stages.templates import conv2d  # noqa: E402
 
-RESULTS = ROOT / "benchmarks" / "RESULTS.md"
-BEGIN, END = "<!-- kernels:conv -->", "<!-- /kernels:conv -->"
+SECTION, TITLE = "kernels:conv", "conv2d vs onnxruntime (`benchmarks/kernels_conv.py`)"
+BATCH_S = 0.01  # each timed batch of kernel calls lasts about this long
 
 # name → (input NCHW, weight OIHW, stride, pads, group, epilogue)
 LAYERS: dict[str, tuple] = {
@@ -127,29 +128,11 @@ def time_ort(sess, bound: tuple, seconds: float = 0.25) -> float:
 
 # ---- tunaflow ----------------------------------------------------------------------------------
 
-@dataclass
-class Candidate:
-    knobs: dict
-    obj: bytes
-    compile_s: float
-    cost: float = float("inf")
-
-
 def _compile(args: tuple) -> tuple[dict, bytes, float]:
     task, knobs, threads = args
     target = Target.host()
     obj = compile_ir(conv2d.build_ir(task, knobs, target, threads), target)
     return knobs, obj.data, obj.compile_s
-
-
-def time_kernel(kernel: LoadedKernel, args: list[np.ndarray], seconds: float = 0.1) -> float:
-    one = max(kernel.time(args, 1), 1e-7)
-    number = max(1, int(0.01 / one))
-    samples = []
-    deadline = time.perf_counter() + seconds
-    while time.perf_counter() < deadline or len(samples) < 3:
-        samples.append(kernel.time(args, number))
-    return statistics.median(samples)
 
 
 def sweep(pool, task: TuningTask, threads: int, n_configs: int, seed: int) -> tuple[Candidate, list[Candidate]]:
@@ -176,7 +159,7 @@ def sweep(pool, task: TuningTask, threads: int, n_configs: int, seed: int) -> tu
         if not ok:
             raise AssertionError(f"{task.description} {knobs}: wrong answer (max abs error {err:.3g})")
         c = Candidate(knobs, obj, cs)
-        c.cost = time_kernel(kernel, args, 0.03)
+        c.cost = time_kernel(kernel, args, 0.03, BATCH_S)
         cands.append(c)
     return cands[0], sorted(cands, key=lambda c: c.cost)
 
@@ -190,7 +173,7 @@ def remeasure(task: TuningTask, cands: list[Candidate], sess, bound, rounds: int
     ort_costs = []
     for _ in range(rounds):
         for i, (k, a) in enumerate(loaded):
-            costs[i].append(time_kernel(k, a, 0.05))
+            costs[i].append(time_kernel(k, a, 0.05, BATCH_S))
         ort_costs.append(time_ort(sess, bound, 0.1))
         settle()  # onnxruntime's pool threads spin after a run: let them stop before our next kernel
     return [statistics.median(c) for c in costs], statistics.median(ort_costs)
@@ -217,14 +200,12 @@ def run_layer(pool, name: str, threads: int, n_configs: int, seed: int) -> dict:
 
 
 def table(rows: list[dict], n_configs: int, command: str) -> str:
+    """The section's body (RESULTS.md adds the markers and the title)."""
     import onnxruntime as ort
 
     compile_ms = statistics.median(s for r in rows for s in r["compile_s"]) * 1e3
     target = Target.host()
     lines = [
-        BEGIN,
-        "## conv2d vs onnxruntime (`benchmarks/kernels_conv.py`)",
-        "",
         f"`{command}` — {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, {target.cpu}, "
         f"onnxruntime {ort.__version__} (CPUExecutionProvider, one-node model: Conv + the same epilogue, "
         "graph optimisations on, same thread count). tunaflow: the default schedule, and the best of the "
@@ -232,18 +213,16 @@ def table(rows: list[dict], n_configs: int, command: str) -> str:
         "fastest re-measured interleaved with onnxruntime (medians of 5 rounds). Ratios > 1 mean faster than "
         "onnxruntime.",
         "",
-        "| layer | threads | onnxruntime ms | onnxruntime GFLOPS | default GFLOPS | default / ort | best GFLOPS "
-        "| best / ort | best schedule |",
-        "|---|---|---|---|---|---|---|---|---|",
+        *markdown_table(
+            ["layer", "threads", "onnxruntime ms", "onnxruntime GFLOPS", "default GFLOPS", "default / ort",
+             "best GFLOPS", "best / ort", "best schedule"],
+            [[r["layer"], r["threads"], f"{r['ort_ms']:.3f}", f"{r['ort_gflops']:.1f}", f"{r['default_gflops']:.1f}",
+              f"{r['default_ratio']:.2f}x", f"{r['best_gflops']:.1f}", f"**{r['best_ratio']:.2f}x**",
+              schedule_cell(r["best_knobs"])] for r in rows]),
     ]
-    for r in rows:
-        knobs = " ".join(f"{k}={v}" for k, v in r["best_knobs"].items())
-        lines.append(f"| {r['layer']} | {r['threads']} | {r['ort_ms']:.3f} | {r['ort_gflops']:.1f} | "
-                     f"{r['default_gflops']:.1f} | {r['default_ratio']:.2f}x | {r['best_gflops']:.1f} | "
-                     f"**{r['best_ratio']:.2f}x** | `{knobs}` |")
     lines += ["", f"Median compile time per candidate (IR build + LLVM O1 + codegen, 2 compiles in parallel): "
               f"**{compile_ms:.0f} ms** over {sum(len(r['compile_s']) for r in rows)} candidates.", "",
-              "Goals (issue 10):", *goals(rows, compile_ms), END]
+              "Goals (issue 10):", *goals(rows, compile_ms)]
     return "\n".join(lines)
 
 
@@ -258,24 +237,9 @@ def goals(rows: list[dict], compile_ms: float) -> list[str]:
             f"- median compile time <= 150 ms: {'met' if compile_ms <= 150 else 'MISSED'} ({compile_ms:.0f} ms)"]
 
 
-def write_section(text: str) -> None:
-    old = RESULTS.read_text() if RESULTS.exists() else "# Benchmark results\n"
-    if BEGIN in old and END in old:
-        new = old[: old.index(BEGIN)] + text + old[old.index(END) + len(END):]
-    else:
-        new = old.rstrip("\n") + "\n\n" + text + "\n"
-    RESULTS.write_text(new)
-
-
 def main(argv: list[str] | None = None) -> list[dict]:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--configs", type=int, default=150, help="random configs per layer and thread count")
-    ap.add_argument("--layers", default="", help="comma-separated substrings of layer names (default: all)")
-    ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--no-write", action="store_true", help="print the table, leave RESULTS.md alone")
-    args = ap.parse_args(argv)
-    wanted = [w for w in args.layers.split(",") if w]
-    names = [n for n in LAYERS if not wanted or any(w in n for w in wanted)]
+    args = sweep_parser(__doc__, "layer and thread count", "layers").parse_args(argv)
+    names = chosen(list(LAYERS), args.layers)
     rows = []
     with mp.get_context("spawn").Pool(2) as pool:
         for name in names:
@@ -284,12 +248,8 @@ def main(argv: list[str] | None = None) -> list[dict]:
                 print(f"{name} x{threads}: ort {r['ort_gflops']:.1f} GFLOPS, default {r['default_ratio']:.2f}x, "
                       f"best {r['best_ratio']:.2f}x {r['best_knobs']}", flush=True)
                 rows.append(r)
-    command = "flock /tmp/bench.lock .venv/bin/python benchmarks/kernels_conv.py" + \
-        (f" --configs {args.configs}" if args.configs != 150 else "") + (f" --layers {args.layers}" if wanted else "")
-    text = table(rows, args.configs, command)
-    print(text)
-    if not args.no_write:
-        write_section(text)
+    command = command_line("kernels_conv.py", args.configs, "layers", args.layers)
+    publish(SECTION, TITLE, table(rows, args.configs, command), write=not args.no_write)
     return rows
 
 

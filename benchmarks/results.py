@@ -1,4 +1,4 @@
-"""Replace one benchmark's section of benchmarks/RESULTS.md, leaving the others untouched."""
+"""A benchmark's section of benchmarks/RESULTS.md: its tables, and replacing it while leaving the others untouched."""
 
 from __future__ import annotations
 
@@ -17,3 +17,15 @@ def replace_section(name: str, title: str, body: str) -> None:
     else:
         text = text.rstrip() + "\n\n" + block + "\n"
     RESULTS.write_text(text)
+
+
+def markdown_table(header: list[str], rows: list[list[object]]) -> list[str]:
+    """A Markdown table's lines: the header, the rule under it and one line per row (each cell as str)."""
+    return [f"| {' | '.join(header)} |", "|" + "---|" * len(header), *(f"| {' | '.join(map(str, r))} |" for r in rows)]
+
+
+def publish(name: str, title: str, body: str, write: bool) -> None:
+    """Print the section; with `write`, also replace it in RESULTS.md."""
+    print(f"## {title}\n\n{body}", flush=True)
+    if write:
+        replace_section(name, title, body)

@@ -7,6 +7,7 @@ after measuring each job it posts, in turn, the honest result or one of FORGERIE
 from __future__ import annotations
 
 import argparse
+import contextlib
 import itertools
 import json
 import logging
@@ -52,10 +53,8 @@ def main() -> None:
     args = parser.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     agent = ForgedAgent(args.tracker, args.key, load_token(), Target.host(), "forger")
-    try:
+    with contextlib.closing(agent), contextlib.suppress(KeyboardInterrupt):
         agent.serve()
-    except KeyboardInterrupt:
-        agent.close()
 
 
 if __name__ == "__main__":

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import base64
+import contextlib
 import json
 import os
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -105,10 +106,8 @@ def main() -> None:
     routes = json.loads(args.script.read_text())
     server = ThreadingHTTPServer(("127.0.0.1", args.port), _handler(routes, args.log, token if args.sign else None))
     server.daemon_threads = True
-    try:
+    with server, contextlib.suppress(KeyboardInterrupt):
         server.serve_forever()
-    except KeyboardInterrupt:
-        server.server_close()
 
 
 if __name__ == "__main__":

@@ -8,19 +8,17 @@ from __future__ import annotations
 
 import os
 import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
 from support.odd_names import ODD, odd_model
 
-ROOT = Path(__file__).resolve().parent.parent
+from testing import cli, dask_ports
 
 
-def tunaflow(*args: str | Path, timeout: float = 300) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "tunaflow", *map(str, args)], cwd=ROOT, capture_output=True,
-                          text=True, timeout=timeout, env={**os.environ, "COLUMNS": "250"})  # paths unwrapped
+def tunaflow(*args: object) -> subprocess.CompletedProcess:
+    return cli.tunaflow(*args, env={**os.environ, "COLUMNS": "250"})  # paths unwrapped
 
 
 @pytest.fixture(scope="module")
@@ -104,23 +102,9 @@ def test_nonsense_numbers_are_refused_at_the_option(built, tmp_path, args, optio
     assert not (tmp_path / "log").exists() and not (tmp_path / "out").exists()
 
 
-def test_the_local_dask_cluster_listens_on_loopback_only(tmp_path):
+def test_the_local_dask_cluster_listens_on_loopback_only():
     """`--task-runner dask`'s cluster: scheduler, dashboard (Dask's default is 0.0.0.0:8787) and workers."""
-    script = tmp_path / "ports.py"
-    script.write_text(
-        "import psutil\n"
-        "from flows.runners import make_task_runner\n"
-        "if __name__ == '__main__':\n"
-        "    with make_task_runner('dask') as runner:\n"
-        "        runner.client\n"
-        "        me = psutil.Process()\n"
-        "        for p in [me, *me.children(recursive=True)]:\n"
-        "            for c in p.net_connections(kind='inet'):\n"
-        "                if c.status == psutil.CONN_LISTEN:\n"
-        "                    print(c.laddr.ip, c.laddr.port)\n")
-    r = subprocess.run([sys.executable, str(script)], cwd=ROOT, capture_output=True, text=True, timeout=120,
-                       env={**os.environ, "PYTHONPATH": str(ROOT)})
+    r, listening = dask_ports.listening()
     assert r.returncode == 0, r.stderr
-    listening = [line.split() for line in r.stdout.splitlines()]
     assert len(listening) >= 4, r.stdout  # the scheduler, its dashboard, and one worker (+ nanny) per core
     assert {ip for ip, _ in listening} == {"127.0.0.1"}, listening

@@ -13,12 +13,14 @@ import httpx
 import psutil
 import pytest
 from fastapi import FastAPI
-from test_rpc import ROOT, TOKEN, Cluster
+from test_measure_kernels import FAST
+from test_rpc import ROOT, TOKEN
 from test_rpc_restart import builds
 
 from schemas import MeasureErrorNo
 from stages.rpc.auth import AUTH_HEADER, Guard, RequestSigner, signature
 from stages.rpc.tracker import IDLE_S
+from testing.cluster import Cluster
 from testing.hostile_rpc import SlowConnections, Tally, bad_credentials, burst, malformed, oversized, replayed
 
 
@@ -29,10 +31,8 @@ def footprint(pid: int) -> tuple[float, int]:
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory):
-    c = Cluster(tmp_path_factory.mktemp("hostile"), max_body_mb=1)
-    c.add_agents("agent0")
-    yield c
-    c.close()
+    with Cluster(tmp_path_factory.mktemp("hostile"), TOKEN, max_body_mb=1) as c:
+        yield c.start("agent0")
 
 
 def test_hostile_requests_get_the_right_status_and_leave_nothing_behind(cluster, host):
@@ -58,7 +58,7 @@ def test_hostile_requests_get_the_right_status_and_leave_nothing_behind(cluster,
     assert tracker.poll() is None
     assert fds1 <= fds0 + 4, f"file descriptors {fds0} -> {fds1}"
     assert rss1 - rss0 < 40, f"RSS {rss0:.0f} -> {rss1:.0f} MiB"
-    with cluster.runner() as runner:
+    with cluster.runner(FAST) as runner:
         results = runner.run(builds(host, 2))
     assert [r.error_no for r in results] == [MeasureErrorNo.no_error] * 2
 

@@ -7,8 +7,6 @@ names the file."""
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
 from itertools import pairwise
 from pathlib import Path
 
@@ -19,8 +17,9 @@ from onnx import TensorProto, helper, numpy_helper
 
 from stages.extract import ModelError, load_model
 from testing import bombs
+from testing.cli import QUIET, tunaflow
+from testing.external_data import save_with_external_weight
 
-ROOT = Path(__file__).resolve().parents[1]
 CAP = 2 * 2**30
 MiB = 2**20
 ALL_BOMBS = {**bombs.CONSTANT_BOMBS, **bombs.TENSOR_BOMBS}
@@ -30,12 +29,6 @@ def _save(tmp_path: Path, model: onnx.ModelProto, name: str = "m") -> Path:
     path = tmp_path / f"{name}.onnx"
     onnx.save(model, str(path))
     return path
-
-
-def _tunaflow(*args: str) -> subprocess.CompletedProcess:
-    env = {**os.environ, "DO_NOT_TRACK": "1", "PREFECT_SERVER_ANALYTICS_ENABLED": "false"}
-    return subprocess.run([sys.executable, "-m", "tunaflow", *args], cwd=ROOT, capture_output=True, text=True,
-                          timeout=120, env=env)
 
 
 def test_each_bomb_is_refused_by_name_without_allocating(tmp_path):
@@ -152,22 +145,10 @@ def test_folded_windows_and_lrn_plan_their_scratch(tmp_path):
 
 
 def test_tasks_refuses_a_huge_declared_input_in_one_line(tmp_path):
-    result = _tunaflow("tasks", str(_save(tmp_path, bombs.declared_input())))
+    result = tunaflow("tasks", _save(tmp_path, bombs.declared_input()), timeout=120, env={**os.environ, **QUIET})
     assert result.returncode != 0 and "Traceback" not in result.stderr
     assert "input 'x': a tensor of shape [1, 3, 100000, 100000] would take 111.8 GiB" in result.stderr
     assert "--max-tensor-mb" in result.stderr
-
-
-def _external(tmp_path: Path) -> Path:
-    w = numpy_helper.from_array(np.arange(16, dtype=np.float32).reshape(4, 4), "w")
-    graph = helper.make_graph([helper.make_node("MatMul", ["x", "w"], ["y"])], "ext",
-                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4])],
-                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4])], [w])
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
-    model.ir_version = 8
-    path = tmp_path / "ext.onnx"
-    onnx.save(model, str(path), save_as_external_data=True, location="w.bin", size_threshold=0)
-    return path
 
 
 def _relocate(path: Path, location: str) -> None:
@@ -179,7 +160,7 @@ def _relocate(path: Path, location: str) -> None:
 
 
 def test_external_data_loads_and_every_failure_names_the_file(tmp_path):
-    path = _external(tmp_path)
+    path = save_with_external_weight(tmp_path / "ext.onnx", "w.bin")
     graph = load_model(path)
     assert graph.constants["w"].reshape(-1).tolist() == list(range(16))
     data = tmp_path / "w.bin"
@@ -205,9 +186,9 @@ def test_external_data_loads_and_every_failure_names_the_file(tmp_path):
 
 
 def test_tasks_names_missing_external_data_in_one_line(tmp_path):
-    path = _external(tmp_path)
+    path = save_with_external_weight(tmp_path / "ext.onnx", "w.bin")
     (tmp_path / "w.bin").unlink()
-    result = _tunaflow("tasks", str(path))
+    result = tunaflow("tasks", path, timeout=120, env={**os.environ, **QUIET})
     assert result.returncode != 0 and "Traceback" not in result.stderr
     assert "cannot read the external data of tensor 'w' from 'w.bin'" in result.stderr
     assert "w.bin does not exist" in result.stderr

@@ -9,24 +9,11 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+from support.log_records import TASK, log_with_a_torn_part, rec
 
-from schemas import Config, MeasureErrorNo, MeasureResult, TuningRecord, matmul_task
+from schemas import TuningRecord
 from stages.log import LogError, TuningLog, merge
 from stages.log.store import SCHEMA, VERSION_KEY, to_table
-
-TASK = matmul_task(8, 8, 8)
-
-
-def rec(trial: int, cost: float | None, session: str = "s1", index: int | None = None,
-        target: str = "tk") -> TuningRecord:
-    result = (MeasureResult(costs=(cost, cost * 1.1, cost * 0.9)) if cost is not None else
-              MeasureResult(error_no=MeasureErrorNo.wrong_answer, error_msg="max abs error 1"))
-    return TuningRecord(
-        tunaflow_version="0.1.0", session_id=session, trial=trial, tuner="random", target_key=target,
-        task_signature=TASK.signature, task=TASK, template_version=1,
-        config=Config(index=trial if index is None else index, knobs={"mr": 4, "vw": 16, "order": "mnk"}),
-        result=result, gflops=0.0 if cost is None else TASK.flops / cost / 1e9,
-    )
 
 
 def test_arrow_schema_is_derived_from_the_model():
@@ -99,7 +86,7 @@ def test_log_path_that_is_a_file_is_refused(tmp_path):
 
 WRITER = """
 import sys
-from tests.test_log import rec
+from tests.support.log_records import rec
 from stages.log import TuningLog
 log = TuningLog(sys.argv[1])
 i = 0
@@ -178,11 +165,7 @@ def test_best_prefers_the_remeasured_top_k_over_a_lucky_single_trial(tmp_path):
 
 
 def test_truncated_part_is_reported_and_the_rest_still_reads(tmp_path):
-    log = TuningLog(tmp_path / "log")
-    log.append([rec(0, 1e-3)])
-    part = log.append([rec(1, 1e-3), rec(2, 1e-3)])
-    data = part.read_bytes()
-    part.write_bytes(data[: len(data) // 2])
+    log, part = log_with_a_torn_part(tmp_path / "log")
     good, problems = log.read(strict=False)
     assert [r.trial for r in good] == [0]
     assert len(problems) == 1 and problems[0].path == part and "not a readable Parquet file" in problems[0].reason

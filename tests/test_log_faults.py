@@ -15,14 +15,16 @@ import onnx
 import pyarrow.parquet as pq
 import pytest
 from onnx import TensorProto, helper
-from test_log import rec
+from support.log_records import log_with_a_torn_part, rec
 
 from schemas import MeasureErrorNo, MeasureOptions, MeasureResult, TuningOptions, matmul_task
 from schemas.record import REMEASURE
 from stages.log import LogBusyError, TuningLog, merge
 from stages.log.lock import LOCK_NAME
 from stages.log.store import to_table
-from stages.tune.session import TuningSession, run_session
+from stages.tune.loop import tune_task
+from stages.tune.session import TuningSession
+from testing.cli import tunaflow
 from testing.disk import drop_dac_override
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -121,16 +123,7 @@ def test_merge_into_a_read_only_log_is_one_error_line(tmp_path):
 
 
 def test_damaged_part_is_skipped_with_a_warning_by_show_export_and_tune(tmp_path):
-    log = TuningLog(tmp_path / "log")
-    log.append([rec(0, 1e-3)])
-    part = log.append([rec(1, 1e-3), rec(2, 1e-3)])
-    data = part.read_bytes()
-    part.write_bytes(data[: len(data) // 2])
-
-    def tunaflow(*args: str) -> subprocess.CompletedProcess:
-        return subprocess.run([sys.executable, "-m", "tunaflow", *args], cwd=ROOT, capture_output=True, text=True,
-                              timeout=300)
-
+    log, part = log_with_a_torn_part(tmp_path / "log")
     for args in (["log", "show", str(log.path)], ["log", "export", str(log.path), str(tmp_path / "out.jsonl")]):
         r = tunaflow(*args)
         assert r.returncode == 0, r.stderr
@@ -245,7 +238,7 @@ def test_unknown_errors_are_retried_by_a_rerun_and_not_counted(tmp_path, host):
         lost = session.propose()
         session.record(lost, [outage] * len(lost))
         assert session.done, "inside one session an outage still spends trials: it cannot spin forever"
-    summary = run_session(TASK, host, options(tuner="lgbm", seed=1), log)  # another tuner and seed: still those
+    summary = tune_task(TASK, host, options(tuner="lgbm", seed=1), log)  # another tuner and seed: still those
     assert summary.new_trials == 4 and summary.trials == 4
     records = log.records()
     measured = {r.config.index for r in records if r.result.error_no != MeasureErrorNo.unknown}
@@ -253,7 +246,7 @@ def test_unknown_errors_are_retried_by_a_rerun_and_not_counted(tmp_path, host):
     per_config = {i: sorted(r.result.error_no == MeasureErrorNo.unknown for r in records if r.config.index == i)
                   for i in measured}
     assert all(kinds == [False, True] for kinds in per_config.values()), "one lost, one real record each"
-    again = run_session(TASK, host, options(), log)
+    again = tune_task(TASK, host, options(), log)
     assert again.new_trials == 0 and again.trials == 4
 
 

@@ -5,8 +5,6 @@ from __future__ import annotations
 import itertools
 import json
 import os
-import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -21,79 +19,18 @@ from schemas import MeasureErrorNo, MeasureResult
 from schemas.rpc import MeasureJob, SubmitRequest
 from stages.measure.builder import build_one
 from stages.rpc.auth import REPLY_HEADER, RequestSigner, UntrustedResponse
-from stages.rpc.client import RPCRunner, TrackerClient, TrackerError
 from stages.rpc.tracker import TrackerState, _Agent
 from stages.templates import matmul
+from testing.cluster import Cluster, free_port
 
 TOKEN = "test-token-0123456789abcdef"
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-class Cluster:
-    """A tracker and its agents as child processes of the test."""
-
-    def __init__(self, tmp: Path, agent_timeout: float = 1.5, max_body_mb: int = 2, tracker_args: tuple = ()):
-        self.tmp, self.port = tmp, free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        self.env = {**os.environ, "TUNAFLOW_RPC_TOKEN": TOKEN}
-        self.procs: dict[str, subprocess.Popen] = {}
-        self.spawn("tracker", "tracker", "serve", "--port", str(self.port), "--agent-timeout", str(agent_timeout),
-                   "--max-body-mb", str(max_body_mb), *tracker_args)
-        self.client = TrackerClient(self.url, TOKEN)
-        self.wait_for(lambda s: True)
-
-    def spawn(self, name: str, *args: str) -> None:
-        log = open(self.tmp / f"{name}.log", "w")  # noqa: SIM115 - closed with the process
-        self.procs[name] = subprocess.Popen([sys.executable, "-m", "tunaflow", *args], cwd=ROOT, env=self.env,
-                                            stdout=log, stderr=subprocess.STDOUT)
-
-    def add_agents(self, *names: str, key: str = "dev") -> None:
-        for name in names:
-            self.spawn(name, "runner", "serve", "--tracker", f"127.0.0.1:{self.port}", "--key", key, "--name", name)
-        self.wait_for(lambda s: sum(len(k.devices) for k in s.keys) >= len(names))
-
-    def wait_for(self, ok, timeout: float = 60.0):
-        deadline = time.monotonic() + timeout
-        while True:
-            try:
-                status = self.client.status()
-                if ok(status):
-                    return status
-            except TrackerError:
-                pass
-            if time.monotonic() > deadline:
-                logs = {p.name: p.read_text()[-800:] for p in self.tmp.glob("*.log")}
-                raise AssertionError(f"cluster not ready: {logs}")
-            time.sleep(0.1)
-
-    def runner(self, options=FAST) -> RPCRunner:
-        return RPCRunner(options, "dev", self.url, TOKEN, queue_timeout_s=30)
-
-    def close(self) -> None:
-        self.client.close()
-        for proc in self.procs.values():
-            if proc.poll() is None:
-                proc.send_signal(signal.SIGINT)
-        for proc in self.procs.values():
-            try:
-                proc.wait(10)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
-
-
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory):
-    c = Cluster(tmp_path_factory.mktemp("rpc"))
-    c.add_agents("agent0", "agent1")
-    yield c
-    c.close()
+    with Cluster(tmp_path_factory.mktemp("rpc"), TOKEN, max_body_mb=2) as c:
+        yield c.start("agent0", "agent1")
 
 
 def distinct_builds(target, n: int):
@@ -104,7 +41,7 @@ def distinct_builds(target, n: int):
 
 def test_two_agents_measure_a_batch(cluster, host):
     builds = distinct_builds(host, 6)
-    with cluster.runner() as runner:
+    with cluster.runner(FAST) as runner:
         assert runner.device_target() == host
         results = runner.run(builds)
     assert [r.error_no for r in results] == [MeasureErrorNo.no_error] * 6
@@ -117,7 +54,7 @@ def test_two_agents_measure_a_batch(cluster, host):
 
 def test_faulty_kernels_are_recorded_and_the_agents_survive(cluster, host):
     builds = [build_of(k, host) for k in ("segfault", "hang", "wrong", "sigill", "ok")]
-    with cluster.runner() as runner:
+    with cluster.runner(FAST) as runner:
         results = runner.run(builds)
     assert [r.error_no for r in results] == [MeasureErrorNo.runtime_error, MeasureErrorNo.run_timeout,
                                              MeasureErrorNo.wrong_answer, MeasureErrorNo.runtime_error,
@@ -159,25 +96,22 @@ def test_oversized_and_malformed_requests_get_4xx_and_the_tracker_stays_up(clust
 
 
 def test_an_agent_killed_mid_batch_loses_nothing(tmp_path, host):
-    c = Cluster(tmp_path, agent_timeout=1.0)
-    try:
-        c.add_agents("a", "b")
+    with Cluster(tmp_path, TOKEN, agent_timeout=1.0) as c:
+        c.start("a", "b")
         slow = FAST.model_copy(update={"min_repeat_ms": 250.0, "repeat": 2})
         builds = distinct_builds(host, 4)
         results: list[MeasureResult] = []
         with c.runner(slow) as runner:
             worker = threading.Thread(target=lambda: results.extend(runner.run(builds)))
             worker.start()
-            busy = c.wait_for(lambda s: any(d.busy for k in s.keys for d in k.devices), timeout=30)
+            busy = c.wait(lambda s: any(d.busy for k in s.keys for d in k.devices), timeout=30)
             victim = next(d.name for d in busy.keys[0].devices if d.busy)
             c.procs[victim].kill()
             worker.join(120)
         assert [r.error_no for r in results] == [MeasureErrorNo.no_error] * 4
-        status = c.wait_for(lambda s: len(s.keys[0].devices) == 1)
+        status = c.wait(lambda s: len(s.keys[0].devices) == 1)
         assert status.requeued >= 1 and status.failed_after_retries == 0
         assert [d.name for d in status.keys[0].devices] != [victim]
-    finally:
-        c.close()
 
 
 def test_a_job_whose_devices_keep_vanishing_fails_after_bounded_retries(host):

@@ -13,7 +13,7 @@ import time
 import httpx
 import pytest
 from test_measure_kernels import FAST, TASK
-from test_rpc import ROOT, TOKEN, Cluster
+from test_rpc import ROOT, TOKEN
 from test_rpc_restart import builds
 
 from schemas import MeasureErrorNo
@@ -21,6 +21,7 @@ from schemas.rpc import MeasureJob, SubmitRequest
 from stages.rpc.auth import AUTH_HEADER, REPLY_HEADER, RequestSigner
 from stages.rpc.client import TrackerError
 from stages.templates import matmul
+from testing.cluster import Cluster
 from testing.rogue_tracker import canary_object, captured, plain
 
 REFUSED = "not signed by the tracker"
@@ -64,9 +65,10 @@ def canary(tmp_path, host):
 
 def test_an_agent_refuses_a_rogue_and_a_replayed_answer_and_keeps_serving(tmp_path, host, canary):
     marker, job = canary
-    c = Cluster(tmp_path, agent_timeout=1.0)
+    c = Cluster(tmp_path, TOKEN, agent_timeout=1.0)
     rogues: list[Rogue] = []
     try:
+        c.start_tracker()
         # A holder of the token queues the canary and leases it as an agent would: the signed answers are
         # what an eavesdropper on plain HTTP captures.
         c.client.request("POST", "/v1/jobs", SubmitRequest(key="dev", jobs=[job]).model_dump(mode="json"))
@@ -79,8 +81,7 @@ def test_an_agent_refuses_a_rogue_and_a_replayed_answer_and_keeps_serving(tmp_pa
             spy.delete(f"/v1/agents/{spy_id}").raise_for_status()
         assert nxt.status_code == 200 and REPLY_HEADER in nxt.headers
         c.add_agents("agent0")
-        c.procs["tracker"].kill()
-        c.procs["tracker"].wait()
+        c.kill("tracker")
 
         forged = {"agents": plain(200, {"agent_id": "a1", "heartbeat_s": 0.5}),
                   "next": plain(200, lease_of("j1", job))}
@@ -102,9 +103,9 @@ def test_an_agent_refuses_a_rogue_and_a_replayed_answer_and_keeps_serving(tmp_pa
         assert log.count(REFUSED) == 2 and "Traceback" not in log, log
         assert "carries no tracker signature" in log and "not for this request" in log
 
-        c.spawn("tracker", "tracker", "serve", "--port", str(c.port), "--agent-timeout", "1.0")
-        c.wait_for(lambda s: sum(len(k.devices) for k in s.keys) == 1)
-        with c.runner() as runner:
+        c.start_tracker()
+        c.devices(1)
+        with c.runner(FAST) as runner:
             assert [r.error_no for r in runner.run(builds(host, 2))] == [MeasureErrorNo.no_error] * 2
     finally:
         for rogue in rogues:
@@ -113,9 +114,9 @@ def test_an_agent_refuses_a_rogue_and_a_replayed_answer_and_keeps_serving(tmp_pa
 
 
 def test_a_client_refuses_a_rogue_tracker(tmp_path):
-    c = Cluster(tmp_path)
-    c.procs["tracker"].kill()
-    c.procs["tracker"].wait()
+    c = Cluster(tmp_path, TOKEN)
+    c.start_tracker()
+    c.kill("tracker")
     rogue = Rogue(tmp_path, c.port, {"status": plain(200, {"keys": [], "requeued": 0, "failed_after_retries": 0})},
                   "rogue")
     try:
@@ -138,8 +139,9 @@ def test_a_client_refuses_a_rogue_tracker(tmp_path):
 
 
 def test_a_request_captured_before_a_restart_is_refused_after_it(tmp_path, host):
-    c = Cluster(tmp_path)
+    c = Cluster(tmp_path, TOKEN)
     try:
+        c.start_tracker()
         job = MeasureJob.of(TASK, host, {}, b"obj", FAST)
         body = SubmitRequest(key="dev", jobs=[job], queue_timeout_s=600).model_dump_json().encode()
         signer = RequestSigner(TOKEN)
@@ -151,10 +153,8 @@ def test_a_request_captured_before_a_restart_is_refused_after_it(tmp_path, host)
         assert httpx.post(c.url + "/v1/jobs", content=body, headers=replay).status_code == 401  # same start
         assert c.client.status().keys[0].queued == 1
 
-        c.procs["tracker"].kill()
-        c.procs["tracker"].wait()
-        c.spawn("tracker", "tracker", "serve", "--port", str(c.port))
-        c.wait_for(lambda s: True)
+        c.kill("tracker")
+        c.start_tracker()
         again = httpx.post(c.url + "/v1/jobs", content=body, headers=replay)
         assert again.status_code == 401 and "another start of the tracker" in again.json()["detail"]
         assert c.client.status().keys == []  # nothing was queued by the replay (and the client signed again)

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import signal
 import subprocess
 import sys
@@ -14,7 +13,7 @@ import time
 import httpx
 import pytest
 from test_measure_kernels import FAST, TASK
-from test_rpc import ROOT, TOKEN, Cluster
+from test_rpc import ROOT, TOKEN
 from test_rpc_restart import builds
 from typer.testing import CliRunner
 
@@ -23,6 +22,7 @@ from schemas.rpc import MeasureJob, SubmitRequest
 from stages.measure.plausible import fastest_plausible_s, judge
 from stages.rpc.auth import AUTH_HEADER, RequestSigner, signature
 from stages.templates import matmul
+from testing.cluster import Cluster
 from testing.forged_agent import FORGERIES
 from testing.hostile_rpc import IdleFlood, current_epoch
 
@@ -45,18 +45,16 @@ def test_judge_refuses_what_no_measurement_gives(host):
 
 @pytest.fixture(scope="module")
 def forger(tmp_path_factory):
-    c = Cluster(tmp_path_factory.mktemp("forger"))
-    log = open(c.tmp / "forger.log", "w")  # noqa: SIM115 - closed with the process
-    c.procs["forger"] = subprocess.Popen([sys.executable, "-m", "testing.forged_agent", "--tracker", c.url,
-                                          "--key", "dev"], cwd=ROOT, env=c.env, stdout=log, stderr=subprocess.STDOUT)
-    c.wait_for(lambda s: sum(len(k.devices) for k in s.keys) == 1)
-    yield c
-    c.close()
+    with Cluster(tmp_path_factory.mktemp("forger"), TOKEN) as c:
+        c.start_tracker()
+        c.spawn("forger", "--tracker", c.url, "--key", "dev", module="testing.forged_agent")
+        c.devices(1)
+        yield c
 
 
 def test_forged_results_are_implausible_errors_and_the_batch_is_kept(forger, host):
     n = 1 + len(FORGERIES)
-    with forger.runner() as runner:
+    with forger.runner(FAST) as runner:
         results = runner.run(builds(host, n))
     assert len(results) == n
     assert results[0].ok, results[0].error_msg  # the forger's honest turn
@@ -86,10 +84,8 @@ def test_tune_op_over_a_lying_device_records_errors_and_finishes(forger, tmp_pat
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory):
-    c = Cluster(tmp_path_factory.mktemp("robust"), agent_timeout=1.5)
-    c.add_agents("agent0")
-    yield c
-    c.close()
+    with Cluster(tmp_path_factory.mktemp("robust"), TOKEN) as c:
+        yield c.start("agent0")
 
 
 def test_malformed_jobs_are_refused_or_answered_and_the_agent_keeps_serving(cluster, host):
@@ -120,7 +116,6 @@ def test_malformed_jobs_are_refused_or_answered_and_the_agent_keeps_serving(clus
 def test_an_agent_answers_a_job_it_cannot_read_and_keeps_serving(tmp_path, host):
     """A token holder that is not a correct tracker (here a signing fake) hands out a job whose object is not
     base64: the agent posts an error result for it and asks for the next job."""
-    from test_rpc import free_port
     from test_rpc_mutual_auth import lease_of
 
     from testing.rogue_tracker import plain
@@ -128,30 +123,16 @@ def test_an_agent_answers_a_job_it_cannot_read_and_keeps_serving(tmp_path, host)
     job = MeasureJob.of(TASK, host, dict(matmul.default_config(TASK, host).knobs), b"o", FAST)
     lease = lease_of("j1", job)
     lease["job"]["obj_b64"] = "this is not base64!"
-    port = free_port()
-    script, requests = tmp_path / "fake.json", tmp_path / "fake.requests"
-    script.write_text(json.dumps({"agents": plain(200, {"agent_id": "a1", "heartbeat_s": 0.5}),
-                                  "next": plain(200, lease)}))
-    requests.write_text("")
-    env = {**os.environ, "TUNAFLOW_RPC_TOKEN": TOKEN}
-    fake = subprocess.Popen([sys.executable, "-m", "testing.rogue_tracker", "--port", str(port), "--sign",
-                             "--script", str(script), "--log", str(requests)], cwd=ROOT, env=env)
-    with open(tmp_path / "agent.log", "w") as log:
-        agent = subprocess.Popen([sys.executable, "-m", "tunaflow", "runner", "serve", "--tracker",
-                                  f"127.0.0.1:{port}", "--key", "dev"], cwd=ROOT, env=env, stdout=log,
-                                 stderr=subprocess.STDOUT)
-    try:
+    with Cluster(tmp_path, TOKEN) as c:
+        requests = c.rogue("fake", {"agents": plain(200, {"agent_id": "a1", "heartbeat_s": 0.5}),
+                                    "next": plain(200, lease)}, sign=True)
+        c.start_agent("agent")
         deadline = time.monotonic() + 60
         while sum("/result " in r for r in requests.read_text().splitlines()) < 2:
-            assert time.monotonic() < deadline and agent.poll() is None, (tmp_path / "agent.log").read_text()
+            assert time.monotonic() < deadline and c.procs["agent"].poll() is None, (tmp_path / "agent.log").read_text()
             time.sleep(0.1)
         posted = [r for r in requests.read_text().splitlines() if "/result " in r]
-        assert agent.poll() is None
-    finally:
-        agent.terminate()
-        fake.kill()
-        agent.wait(10)
-        fake.wait()
+        assert c.procs["agent"].poll() is None
     result = MeasureResult.model_validate(json.loads(posted[0].split(" ", 2)[2])["result"])
     assert result.error_no == MeasureErrorNo.runtime_error and "malformed job" in result.error_msg
     assert "obj_b64" in result.error_msg and "not base64" in result.error_msg
@@ -165,7 +146,7 @@ def flood_while_measuring(cluster, host, n: int = 300) -> None:
             assert time.monotonic() < deadline, f"only {flood.opened} idle sockets opened"
             time.sleep(0.05)
         time.sleep(3)  # longer than the agent timeout: a starved agent would be dropped by now
-        with cluster.runner() as runner:
+        with cluster.runner(FAST) as runner:
             results = runner.run(builds(host, 4, skip=20))
         status = cluster.client.status()
         opened = flood.opened
@@ -181,18 +162,14 @@ def test_an_idle_flood_leaves_the_agents_their_slots(cluster, host):
 
 
 def test_a_flood_past_the_connection_limit_evicts_strangers_not_agents(tmp_path, host):
-    c = Cluster(tmp_path, tracker_args=("--max-connections", "128"))
-    try:
-        c.add_agents("agent0")
-        flood_while_measuring(c, host)
-    finally:
-        c.close()
+    with Cluster(tmp_path, TOKEN, tracker_args=("--max-connections", "128")) as c:
+        flood_while_measuring(c.start("agent0"), host)
 
 
 def test_ctrl_c_stops_the_tracker_and_the_agent_cleanly(tmp_path):
-    c = Cluster(tmp_path)
+    c = Cluster(tmp_path, TOKEN)
     try:
-        c.add_agents("agent0")
+        c.start("agent0")
         time.sleep(1)  # the agent is in a long poll
         tracker, agent = c.procs["tracker"], c.procs["agent0"]
         start = time.monotonic()
@@ -239,9 +216,8 @@ def test_odd_rpc_input_gets_a_clear_answer(cluster, tmp_path):
     assert out.exit_code == 2 and "port 1-65535" in out.output
 
     name = "[/]:a:[bold]x"
-    cluster.spawn("marked", "runner", "serve", "--tracker", f"127.0.0.1:{cluster.port}", "--key", "odd",
-                  "--name", name)
-    cluster.wait_for(lambda s: any(d.name == name for k in s.keys for d in k.devices))
+    cluster.start_agent("marked", key="odd", shown=name)
+    cluster.wait(lambda s: any(d.name == name for k in s.keys for d in k.devices))
     shown = subprocess.run([sys.executable, "-m", "tunaflow", "tracker", "status", "--tracker",
                             f"127.0.0.1:{cluster.port}"], cwd=ROOT, capture_output=True, text=True, timeout=60,
                            env=cluster.env)

@@ -9,12 +9,13 @@ import time
 
 import pytest
 from test_measure_kernels import FAST
-from test_rpc import ROOT, TOKEN, free_port
+from test_rpc import ROOT, TOKEN
 from test_rpc_restart import builds
 
 from schemas import MeasureErrorNo
 from schemas.options import RunnerSpec
 from stages.rpc.client import RPCRunner, TrackerClient, TrackerError
+from testing.cluster import free_port
 
 
 @pytest.fixture

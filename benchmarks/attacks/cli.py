@@ -21,14 +21,17 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "tests"))
 from support.odd_names import odd_model  # noqa: E402  (the model the CLI tests use)
 
-ENV = {"DO_NOT_TRACK": "1", "PREFECT_SERVER_ANALYTICS_ENABLED": "false", "COLUMNS": "250"}
+from testing.cli import QUIET, tunaflow  # noqa: E402
+from testing.dask_ports import listening  # noqa: E402
+
+ENV = {**QUIET, "COLUMNS": "250"}
 EXIT_GOAL_S = 2.0
 
 
 def run(tmp: Path) -> list[Outcome]:
     model = odd_model(tmp / "[" / "]:a:.onnx")  # nodes [/], [bold], :a:; the path reads .../[/]:a:.onnx
     lib = tmp / "[" / "]:a:lib"
-    outcomes = [ctrl_c_prefect_mode(tmp / "ctrl-c"), dask_binds(tmp / "dask")]
+    outcomes = [ctrl_c_prefect_mode(tmp / "ctrl-c"), dask_binds()]
     outcomes += markup_and_emoji(model, lib, tmp)
     outcomes += [external_data_missing(tmp / "ext"), garbage_npz(lib, tmp / "npz"), build_into_file(model, tmp)]
     outcomes += nonsense_numbers(model, lib, tmp)
@@ -36,9 +39,8 @@ def run(tmp: Path) -> list[Outcome]:
     return outcomes
 
 
-def _tunaflow(*args: object, timeout: float = 300, **kw) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "tunaflow", *map(str, args)], cwd=ROOT, capture_output=True,
-                          text=True, timeout=timeout, env={**os.environ, **ENV}, **kw)
+def _tunaflow(*args: object) -> subprocess.CompletedProcess:
+    return tunaflow(*args, env={**os.environ, **ENV})
 
 
 def _crashed(r: subprocess.CompletedProcess) -> int:
@@ -95,23 +97,8 @@ def ctrl_c_prefect_mode(work: Path) -> Outcome:
                    held, crashes=int("Traceback" in err or took == float("inf")), records_lost=max(0, before - after))
 
 
-def dask_binds(work: Path) -> Outcome:
-    work.mkdir(parents=True, exist_ok=True)
-    script = work / "ports.py"
-    script.write_text(
-        "import psutil\n"
-        "from flows.runners import make_task_runner\n"
-        "if __name__ == '__main__':\n"
-        "    with make_task_runner('dask') as runner:\n"
-        "        runner.client\n"
-        "        me = psutil.Process()\n"
-        "        for p in [me, *me.children(recursive=True)]:\n"
-        "            for c in p.net_connections(kind='inet'):\n"
-        "                if c.status == psutil.CONN_LISTEN:\n"
-        "                    print(c.laddr.ip, c.laddr.port)\n")
-    r = subprocess.run([sys.executable, str(script)], cwd=ROOT, capture_output=True, text=True, timeout=180,
-                       env={**os.environ, **ENV, "PYTHONPATH": str(ROOT)})
-    addrs = [tuple(line.split()) for line in r.stdout.splitlines()]
+def dask_binds() -> Outcome:
+    r, addrs = listening()
     exposed = [f"{ip}:{port}" for ip, port in addrs if ip != "127.0.0.1"]
     return Outcome(6, "--task-runner dask: the ports its local cluster (scheduler, dashboard, workers) listens on",
                    f"{len(addrs)} listening sockets, " + (f"exposed: {', '.join(exposed)}" if exposed else

@@ -13,18 +13,16 @@ from __future__ import annotations
 import os
 import resource
 import subprocess
-import sys
 import time
 from pathlib import Path
 
-import numpy as np
 import onnx
-from onnx import TensorProto, helper, numpy_helper
 
 from attacks import Outcome
 from testing import bombs
+from testing.cli import QUIET, tunaflow
+from testing.external_data import save_with_external_weight
 
-ROOT = Path(__file__).resolve().parents[2]
 GROUP = 8
 CAP = 2 * 2**30
 MiB = 2**20
@@ -59,10 +57,8 @@ def _tasks(model: Path) -> tuple[subprocess.CompletedProcess, float]:
     def cap() -> None:
         resource.setrlimit(resource.RLIMIT_AS, (CAP, CAP))
 
-    env = {**os.environ, "DO_NOT_TRACK": "1", "PREFECT_SERVER_ANALYTICS_ENABLED": "false", "PYTHONPATH": str(ROOT)}
     start = time.perf_counter()
-    proc = subprocess.run([sys.executable, "-m", "tunaflow", "tasks", str(model)], cwd=ROOT, capture_output=True,
-                          text=True, timeout=120, env=env, preexec_fn=cap)
+    proc = tunaflow("tasks", model, timeout=120, env={**os.environ, **QUIET}, preexec_fn=cap)
     return proc, time.perf_counter() - start
 
 
@@ -85,14 +81,7 @@ def _declared_input(tmp: Path) -> Outcome:
 def _external(tmp: Path, case: str) -> Outcome:
     d = tmp / f"external_{case}"
     d.mkdir(exist_ok=True)
-    w = numpy_helper.from_array(np.ones((4, 4), np.float32), "w")
-    graph = helper.make_graph([helper.make_node("MatMul", ["x", "w"], ["y"])], "ext",
-                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4])],
-                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4])], [w])
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
-    model.ir_version = 8
-    path = d / "model.onnx"
-    onnx.save(model, str(path), save_as_external_data=True, location="weights.bin", size_threshold=0)
+    path = save_with_external_weight(d / "model.onnx", "weights.bin")
     data = d / "weights.bin"
     if case == "missing":
         data.unlink()

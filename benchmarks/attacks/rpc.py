@@ -10,15 +10,13 @@ non-ASCII auth header, `wait_s: NaN`, out-of-range options and rich markup in an
 from __future__ import annotations
 
 import json
-import os
-import signal
-import socket
 import subprocess
 import sys
 import time
 from pathlib import Path
 
 from attacks import Outcome
+from testing.cluster import Cluster, free_port
 
 ROOT = Path(__file__).resolve().parents[2]
 TOKEN = "attack-rpc-token-0123456789abcdef"
@@ -27,94 +25,27 @@ TOKEN = "attack-rpc-token-0123456789abcdef"
 def run(tmp: Path) -> list[Outcome]:
     from schemas import MeasureOptions, Target, matmul_task
 
-    ctx = _Context(tmp, Target.host(), matmul_task(32, 48, 40), MeasureOptions(number=1, repeat=3, min_repeat_ms=1,
-                                                                                 timeout=5.0))
+    target, task = Target.host(), matmul_task(32, 48, 40)
+    options = MeasureOptions(number=1, repeat=3, min_repeat_ms=1, timeout=5.0)
     outcomes: list[Outcome] = []
     for attack in (rogue_and_replayed_answers, client_against_rogue, request_replayed_after_restart,
                    forged_results, forged_results_through_tune_op, malformed_jobs, idle_flood,
                    idle_flood_past_the_limit, odd_input):
-        ctx.tmp = tmp / attack.__name__
-        ctx.tmp.mkdir(parents=True, exist_ok=True)
-        try:
-            outcomes += attack(ctx)
-        except Exception as exc:  # an attack that cannot even be mounted is a crash of the defence under test
-            outcomes.append(Outcome(0, attack.__name__, f"raised {type(exc).__name__}: {exc}"[:300], False, 1))
-        finally:
-            ctx.close()
+        (tmp / attack.__name__).mkdir(parents=True, exist_ok=True)
+        with _Context(tmp / attack.__name__, target, task, options) as ctx:
+            try:
+                outcomes += attack(ctx)
+            except Exception as exc:  # an attack that cannot even be mounted is a crash of the defence under test
+                outcomes.append(Outcome(0, attack.__name__, f"raised {type(exc).__name__}: {exc}"[:300], False, 1))
     return outcomes
 
 
-class _Context:
-    """Processes of the current attack (tracker, agents, rogues), their logs, and shared inputs."""
+class _Context(Cluster):
+    """The processes of one attack (tracker, agents, rogues) and the task, target and options it measures."""
 
     def __init__(self, tmp: Path, target, task, options):
-        self.tmp, self.target, self.task, self.options = tmp, target, task, options
-        self.env = {**os.environ, "TUNAFLOW_RPC_TOKEN": TOKEN}
-        self.no_token = {k: v for k, v in os.environ.items() if k != "TUNAFLOW_RPC_TOKEN"}
-        self.procs: dict[str, subprocess.Popen] = {}
-        self.port = 0
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
-
-    def spawn(self, name: str, args: list[str], env=None, module: str = "tunaflow") -> None:
-        log = open(self.tmp / f"{name}.log", "a")  # noqa: SIM115 - lives as long as the process
-        self.procs[name] = subprocess.Popen([sys.executable, "-m", module, *args], cwd=ROOT, env=env or self.env,
-                                            stdout=log, stderr=subprocess.STDOUT)
-
-    def tracker(self, new_port: bool = True, *extra: str) -> None:
-        if new_port:
-            self.port = _free_port()
-        self.spawn("tracker", ["tracker", "serve", "--port", str(self.port), "--agent-timeout", "1.5", *extra])
-        self.wait(lambda s: True)
-
-    def agent(self, name: str, key: str = "dev", shown: str | None = None) -> None:
-        self.spawn(name, ["runner", "serve", "--tracker", f"127.0.0.1:{self.port}", "--key", key,
-                          "--name", shown or name])
-
-    def rogue(self, name: str, routes: dict, sign: bool = False) -> Path:
-        script, requests = self.tmp / f"{name}.json", self.tmp / f"{name}.requests"
-        script.write_text(json.dumps(routes))
-        requests.write_text("")
-        self.spawn(name, ["--port", str(self.port), "--script", str(script), "--log", str(requests),
-                          *(["--sign"] if sign else [])], env=self.env if sign else self.no_token,
-                   module="testing.rogue_tracker")
-        return requests
-
-    def status(self):
-        from stages.rpc.client import TrackerClient, TrackerError
-
-        client = TrackerClient(self.url, TOKEN)
-        try:
-            return client.status()
-        except TrackerError:
-            return None
-        finally:
-            client.close()
-
-    def wait(self, ok, timeout: float = 60.0):
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            status = self.status()
-            if status is not None and ok(status):
-                return status
-            time.sleep(0.1)
-        raise RuntimeError(f"tracker not ready; logs in {self.tmp}")
-
-    def devices(self, n: int):
-        return self.wait(lambda s: sum(len(k.devices) for k in s.keys) >= n)
-
-    def kill(self, name: str) -> None:
-        proc = self.procs.pop(name)
-        proc.kill()
-        proc.wait()
-
-    def crashes(self, *names: str) -> int:
-        """Dead processes among `names` plus tracebacks in their logs."""
-        dead = sum(self.procs[n].poll() is not None for n in names if n in self.procs)
-        return dead + sum((self.tmp / f"{n}.log").read_text().count("Traceback") for n in names
-                          if (self.tmp / f"{n}.log").exists())
+        super().__init__(tmp, TOKEN)
+        self.target, self.task, self.options = target, task, options
 
     def builds(self, n: int, skip: int = 0):
         from stages.measure.builder import build_one
@@ -123,29 +54,6 @@ class _Context:
         space = matmul.space(self.task, self.target)
         indices = list(space.valid_indices())[skip::7][:n]
         return [build_one(self.task, space.config(i), self.target) for i in indices]
-
-    def runner(self):
-        from stages.rpc.client import RPCRunner
-
-        return RPCRunner(self.options, "dev", self.url, TOKEN, queue_timeout_s=60)
-
-    def close(self) -> None:
-        for proc in self.procs.values():
-            if proc.poll() is None:
-                proc.send_signal(signal.SIGINT)
-        for proc in self.procs.values():
-            try:
-                proc.wait(10)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
-        self.procs = {}
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _canary_job(ctx: _Context, marker: Path):
@@ -170,15 +78,12 @@ def rogue_and_replayed_answers(ctx: _Context) -> list[Outcome]:
 
     from schemas.rpc import SubmitRequest
     from stages.rpc.auth import RequestSigner
-    from stages.rpc.client import TrackerClient
     from testing.rogue_tracker import captured, plain
 
     marker = ctx.tmp / "canary-ran"
     job = _canary_job(ctx, marker)
-    ctx.tracker()
-    client = TrackerClient(ctx.url, TOKEN)
-    client.request("POST", "/v1/jobs", SubmitRequest(key="dev", jobs=[job]).model_dump(mode="json"))
-    client.close()
+    ctx.start_tracker()
+    ctx.client.request("POST", "/v1/jobs", SubmitRequest(key="dev", jobs=[job]).model_dump(mode="json"))
     with httpx.Client(base_url=ctx.url, auth=RequestSigner(TOKEN)) as spy:  # what an eavesdropper records
         reg = spy.post("/v1/agents", json={"key": "dev", "target": ctx.target.model_dump(mode="json")})
         spy_id = reg.json()["agent_id"]
@@ -186,7 +91,7 @@ def rogue_and_replayed_answers(ctx: _Context) -> list[Outcome]:
         spy.post(f"/v1/agents/{spy_id}/result", json={"job_id": nxt.json()["job_id"],
                                                       "result": {"error_no": 4, "error_msg": "not run"}})
         spy.delete(f"/v1/agents/{spy_id}")
-    ctx.agent("agent0")
+    ctx.start_agent("agent0")
     ctx.devices(1)
     ctx.kill("tracker")
     outcomes = []
@@ -213,9 +118,9 @@ def rogue_and_replayed_answers(ctx: _Context) -> list[Outcome]:
                                          f"{refused} refusal line(s) so far and kept running; canary ran: {bool(ran)}",
                                 held, crashes=crashes, code_runs=ran + len(leased)))
         time.sleep(1.5)
-    ctx.tracker(new_port=False)
+    ctx.start_tracker()
     ctx.devices(1)
-    with ctx.runner() as runner:
+    with ctx.runner(ctx.options) as runner:
         ok = sum(r.ok for r in runner.run(ctx.builds(2)))
     outcomes[-1].outcome += f"; tracker restarted: the same agent measured {ok}/2"
     outcomes[-1].held = outcomes[-1].held and ok == 2
@@ -225,7 +130,6 @@ def rogue_and_replayed_answers(ctx: _Context) -> list[Outcome]:
 def client_against_rogue(ctx: _Context) -> list[Outcome]:
     from testing.rogue_tracker import plain
 
-    ctx.port = _free_port()
     ctx.rogue("rogue-status", {"status": plain(200, {"keys": [], "requeued": 0, "failed_after_retries": 0})})
     time.sleep(1.0)
     cli = subprocess.run([sys.executable, "-m", "tunaflow", "tracker", "status", "--tracker", f"127.0.0.1:{ctx.port}"],
@@ -242,7 +146,7 @@ def request_replayed_after_restart(ctx: _Context) -> list[Outcome]:
     from schemas.rpc import MeasureJob, SubmitRequest
     from stages.rpc.auth import AUTH_HEADER, RequestSigner
 
-    ctx.tracker()
+    ctx.start_tracker()
     body = SubmitRequest(key="dev", jobs=[MeasureJob.of(ctx.task, ctx.target, {}, b"obj", ctx.options)],
                          queue_timeout_s=600).model_dump_json().encode()
     with httpx.Client(base_url=ctx.url, auth=RequestSigner(TOKEN)) as http:
@@ -250,7 +154,7 @@ def request_replayed_after_restart(ctx: _Context) -> list[Outcome]:
     replay = {AUTH_HEADER: sent.request.headers[AUTH_HEADER], "content-type": "application/json"}
     same = httpx.post(ctx.url + "/v1/jobs", content=body, headers=replay).status_code
     ctx.kill("tracker")
-    ctx.tracker(new_port=False)
+    ctx.start_tracker()
     after = httpx.post(ctx.url + "/v1/jobs", content=body, headers=replay)
     queued = sum(k.queued for k in ctx.status().keys)
     detail = after.json().get("detail", "")
@@ -264,8 +168,8 @@ def request_replayed_after_restart(ctx: _Context) -> list[Outcome]:
 # ---- group 3 ---------------------------------------------------------------------------------------------
 
 def _forger(ctx: _Context, *extra: str) -> None:
-    ctx.tracker()
-    ctx.spawn("forger", ["--tracker", ctx.url, "--key", "dev", *extra], module="testing.forged_agent")
+    ctx.start_tracker()
+    ctx.spawn("forger", "--tracker", ctx.url, "--key", "dev", *extra, module="testing.forged_agent")
     ctx.devices(1)
 
 
@@ -275,7 +179,7 @@ def forged_results(ctx: _Context) -> list[Outcome]:
 
     _forger(ctx)
     n = 1 + len(FORGERIES)
-    with ctx.runner() as runner:
+    with ctx.runner(ctx.options) as runner:
         results = runner.run(ctx.builds(n))
     implausible = [r for r in results[1:] if r.error_no == MeasureErrorNo.implausible_result]
     example = implausible[3].error_msg[:90] if len(implausible) > 3 else "-"
@@ -318,28 +222,24 @@ def malformed_jobs(ctx: _Context) -> list[Outcome]:
     from schemas import MeasureResult
     from schemas.rpc import MeasureJob, SubmitRequest
     from stages.rpc.auth import RequestSigner
-    from stages.rpc.client import TrackerClient
     from stages.templates import matmul
     from testing.rogue_tracker import plain
 
     knobs = dict(matmul.default_config(ctx.task, ctx.target).knobs)
     job = MeasureJob.of(ctx.task, ctx.target, knobs, b"o", ctx.options)
-    ctx.tracker()
-    ctx.agent("agent0")
-    ctx.devices(1)
+    ctx.start("agent0")
     raw = SubmitRequest(key="dev", jobs=[job]).model_dump(mode="json")
     raw["jobs"][0]["obj_b64"] = "this is not base64!"
     refused = httpx.post(ctx.url + "/v1/jobs", json=raw, auth=RequestSigner(TOKEN))
     good = ctx.builds(1)[0]
     broken = [job.model_copy(update={"obj_b64": "AAAA"}), job.model_copy(update={"knobs": {"bogus": "x"}}),
               MeasureJob.of(good.task, good.target, dict(good.config.knobs), good.obj, ctx.options)]
-    client = TrackerClient(ctx.url, TOKEN)
+    client = ctx.client
     ids = client.request("POST", "/v1/jobs", SubmitRequest(key="dev", jobs=broken).model_dump(mode="json"))
     pending, results = ids.json()["job_ids"], {}
     deadline = time.monotonic() + 60
     while len(results) < len(pending) and time.monotonic() < deadline:
         results.update(client.request("POST", "/v1/jobs/results", {"job_ids": pending, "wait_s": 5}).json()["results"])
-    client.close()
     codes = [MeasureResult.model_validate(results[j]).error_no.name if j in results else "lost" for j in pending]
     crashes = ctx.crashes("agent0", "tracker")
     first = Outcome(4, "a token holder submits a job whose object is not base64, then jobs the agent cannot run "
@@ -350,14 +250,14 @@ def malformed_jobs(ctx: _Context) -> list[Outcome]:
                     crashes=crashes, records_lost=codes.count("lost"))
     ctx.close()
 
-    ctx.port = _free_port()
+    ctx.port = free_port()
     ctx.tmp = ctx.tmp / "faulty-tracker"
     ctx.tmp.mkdir()
     lease = _lease("j1", job)
     lease["job"]["obj_b64"] = "this is not base64!"
     requests = ctx.rogue("faulty-tracker", {"agents": plain(200, {"agent_id": "a1", "heartbeat_s": 0.5}),
                                             "next": plain(200, lease)}, sign=True)
-    ctx.agent("agent1")
+    ctx.start_agent("agent1")
     deadline = time.monotonic() + 60
     while requests.read_text().count("/result ") < 2 and time.monotonic() < deadline:
         time.sleep(0.1)
@@ -380,12 +280,11 @@ def idle_flood_past_the_limit(ctx: _Context) -> list[Outcome]:
 def idle_flood(ctx: _Context, *tracker_args: str) -> list[Outcome]:
     from testing.hostile_rpc import IdleFlood
 
-    ctx.tracker(True, *tracker_args)
-    ctx.agent("agent0")
-    ctx.devices(1)
+    ctx.tracker_args += tracker_args
+    ctx.start("agent0")
     builds = ctx.builds(6, skip=30)
     start = time.perf_counter()
-    with ctx.runner() as runner:
+    with ctx.runner(ctx.options) as runner:
         quiet = sum(r.ok for r in runner.run(builds))
     quiet_s = time.perf_counter() - start
     flood = IdleFlood("127.0.0.1", ctx.port, 300)
@@ -395,7 +294,7 @@ def idle_flood(ctx: _Context, *tracker_args: str) -> list[Outcome]:
             time.sleep(0.05)
         time.sleep(3)
         start = time.perf_counter()
-        with ctx.runner() as runner:
+        with ctx.runner(ctx.options) as runner:
             results = runner.run(builds)
         took = time.perf_counter() - start
         status = ctx.status()
@@ -422,7 +321,7 @@ def odd_input(ctx: _Context) -> list[Outcome]:
     from stages.rpc.auth import AUTH_HEADER, RequestSigner, signature
     from testing.hostile_rpc import current_epoch
 
-    ctx.tracker()
+    ctx.start_tracker()
     outcomes = []
     epoch = current_epoch(ctx.url, TOKEN)
     header = signature(TOKEN, "GET", "/v1/status", b"", epoch=epoch).encode()[:-2] + "é".encode()
@@ -441,7 +340,7 @@ def odd_input(ctx: _Context) -> list[Outcome]:
                                 cli.returncode == 2 and "Invalid value" in cli.stderr,
                                 crashes=int("Traceback" in cli.stderr)))
     name = "[/]:a:[bold]"
-    ctx.agent("marked", key="odd", shown=name)
+    ctx.start_agent("marked", key="odd", shown=name)
     ctx.wait(lambda s: any(d.name == name for k in s.keys for d in k.devices))
     cli = subprocess.run([sys.executable, "-m", "tunaflow", "tracker", "status", "--tracker", f"127.0.0.1:{ctx.port}"],
                          cwd=ROOT, env=ctx.env, capture_output=True, text=True, timeout=60)
