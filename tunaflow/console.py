@@ -1,7 +1,9 @@
 """Consoles and the ways commands end early: a red message on stderr (exit code 2), or Ctrl-C (130).
 
 Messages carry user strings (paths, node and op names from models, agent names), so they are
-printed as text, never as rich markup, and the consoles never turn `:name:` into an emoji.
+printed as text, never as rich markup, and the consoles never turn `:name:` into an emoji. `err` is the
+stderr console live progress draws on (`stages/report/terminal.py`), so a message printed while a bar
+is live lands above it; piped, both consoles keep whole names instead of cutting lines at 80 columns.
 """
 
 from __future__ import annotations
@@ -12,11 +14,12 @@ import threading
 from pathlib import Path
 
 import typer
-from rich.console import Console
 from rich.markup import escape
 
-out = Console(emoji=False)
-err = Console(stderr=True, emoji=False)
+from stages.report.terminal import STDERR, make_console
+
+out = make_console()
+err = STDERR
 
 INTERRUPTED = 130  # 128 + SIGINT, what a shell reports for a command stopped by Ctrl-C
 interrupted_said = threading.Event()  # the one line is out: a forced exit adds nothing
@@ -44,6 +47,10 @@ def interrupted(log: Path | None = None) -> typer.Exit:
 
 
 def prefect_env() -> None:
-    """Quiet, local Prefect: no telemetry (this network blocks it) unless the user set otherwise."""
+    """Quiet, local Prefect, called before a flow starts: no telemetry (this network blocks it) unless the
+    user set otherwise, and its console logging on `err`, out of the live display's way."""
     os.environ.setdefault("DO_NOT_TRACK", "1")
     os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
+    from tunaflow.prefect_logging import route_prefect_logs
+
+    route_prefect_logs(err)
