@@ -18,7 +18,8 @@ from pydantic import BaseModel, ConfigDict, Field, NonNegativeInt, field_validat
 from schemas.target import Target
 
 # 2: the library embeds its facts (`.tunaflow_facts`) and both file digests are required.
-FORMAT_VERSION = 2
+# 3: tf_run and tf_profile take a status array and return the number of a call that met bad data.
+FORMAT_VERSION = 3
 MANIFEST = "manifest.json"
 SIGNATURE = "manifest.sig"
 LIBRARY = "model.so"
@@ -33,6 +34,8 @@ class TensorInfo(BaseModel):
     name: str
     shape: tuple[NonNegativeInt, ...]
     dtype: str = "float32"
+    # An integer input that indexes a table (token ids): its values must lie in [-bound, bound).
+    bound: int | None = Field(default=None, ge=1)
 
     @field_validator("dtype")
     @classmethod

@@ -42,7 +42,7 @@ def _refused(attempt: ta.Attempt, fragment: str) -> None:
 def test_the_library_embeds_its_facts_and_the_honest_artifact_loads(base):
     facts = Facts.model_validate_json(Elf((base / LIBRARY).read_bytes()).section(SECTION).rstrip(b"\0"))
     manifest = json.loads((base / MANIFEST).read_text())
-    assert facts.format_version == FORMAT_VERSION == manifest["format_version"] == 2
+    assert facts.format_version == FORMAT_VERSION == manifest["format_version"] == 3
     assert facts.workspace_bytes == manifest["workspace_bytes"] and facts.weights_bytes == manifest["weights_bytes"]
     assert facts.weights_sha256 == manifest["files"][WEIGHTS] and facts.calls == 4
     assert [i.model_dump(mode="json") for i in facts.inputs] == manifest["inputs"]
@@ -67,8 +67,8 @@ def test_the_library_embeds_its_facts_and_the_honest_artifact_loads(base):
     ("weights size shrunk", lambda d: d.update(weights_bytes=1024), "on weights_bytes (library 943680, manifest 1024)"),
     ("output shape halved, digests recomputed", lambda d: d["outputs"][0].update(shape=[8, 10]), "on outputs"),
     ("threads", lambda d: d.update(threads=4), "on threads"),
-    ("format 99", lambda d: d.update(format_version=99), "artifact format 99, newer than this tunaflow's (2)"),
-    ("format 1", lambda d: d.update(format_version=1), "written by an older tunaflow; this one loads format 2 only:"
+    ("format 99", lambda d: d.update(format_version=99), "artifact format 99, newer than this tunaflow's (3)"),
+    ("format 1", lambda d: d.update(format_version=1), "written by an older tunaflow; this one loads format 3 only:"
      " rebuild it"),
 ])
 def test_a_manifest_that_lies_is_refused_before_anything_runs(base, tmp_path, name, edit, fragment):

@@ -4,11 +4,13 @@ Each anchor kernel is its template's module (with the chosen schedule) compiled 
 object, its `tf_main` renamed so many kernels link into one library. Every other op is
 generated into one module together with
 
-    void tf_run(void **inputs, void **outputs, char *weights, char *workspace)
+    int64_t tf_run(void **inputs, void **outputs, char *weights, char *workspace, int64_t status[3])
 
 which calls the kernels in graph order, each with an argument array pointing into the
 caller's inputs/outputs, the packed weights file, or the statically planned workspace, and
-`tf_profile` (the same, plus `double *seconds`: each call's time, in manifest op order).
+`tf_profile` (the same, with `double *seconds` before `status`: each call's time, in manifest op
+order). Both return 0, or k + 1 when call k met bad data (an index out of range) and stopped the
+run: `status` then holds 1, the bad value and the extent it had to be in.
 The objects are linked with the system C compiler (`cc -shared`), together with the native runtime
 (`stages/codegen/runtime.c`, hidden inside the library) whose worker pool runs threaded kernels.
 The generated module also carries `tf_facts` (`stages/build/facts.py`): the I/O signature, sizes,
@@ -50,15 +52,18 @@ from schemas.target import Target
 from stages.build import facts
 from stages.build.apply_best import Choice, choose, fallback_message, implementations
 from stages.build.halo import HaloPlan, plan_halos
+from stages.build.inputs import input_infos
 from stages.build.memplan import Step, aligned, plan_workspace
 from stages.codegen import runtime
 from stages.codegen.compile import GENERATED_OPS_LEVEL, compile_ir
 from stages.codegen.harness import monotonic_clock
 from stages.codegen.irb import F64, I64, VOIDP, i64, intrinsic
+from stages.extract.dtypes import stored
 from stages.graph.ir import Graph, Node
 from stages.log import TuningLog
 from stages.memops.anchor import GENERIC_OPS, generic_anchor
-from stages.memops.registry import ALIASES, OPS, OpCtx, UnsupportedOp, unsupported_nodes
+from stages.memops.opctx import STATUS
+from stages.memops.registry import ALIASES, OpCtx, UnsupportedOp, generator, unsupported_nodes
 from stages.templates import TEMPLATES, alternatives, template_for
 from stages.templates.conv2d import Halo
 
@@ -123,7 +128,7 @@ def build_library(graph: Graph, target: Target, out: Path, threads: int = 1, log
                                 tuple(s for s in c.slots if s in c.node.outputs)) for c in calls], work)
     _check_computed(graph, calls, constants)
     _emit_run(module, calls, graph, weight_offsets, plan.offsets)
-    inputs = tuple(TensorInfo(name=v.name, shape=v.shape, dtype=v.dtype) for v in graph.inputs)
+    inputs = input_infos(graph)
     outputs = tuple(TensorInfo(name=v.name, shape=v.shape, dtype=v.dtype) for v in graph.outputs)
     facts.emit(module, facts.Facts(
         format_version=FORMAT_VERSION, inputs=inputs, outputs=outputs, workspace_bytes=plan.size,
@@ -210,7 +215,7 @@ def _lower(graph: Graph, module: ir.Module, choices: dict[str, Choice], target: 
         else:
             ctx = OpCtx.open(module, graph, node, symbol, threads)
             try:
-                (generic_anchor if node.task is not None else OPS[node.op])(ctx)
+                (generic_anchor if node.task is not None else generator(ctx))(ctx)
             except (UnsupportedOp, ValueError) as exc:
                 raise BuildError(str(exc)) from exc
             ctx.close()
@@ -311,7 +316,7 @@ def _pack_weights(constants: dict[str, np.ndarray]) -> tuple[dict[str, int], byt
     chunks: list[bytes] = []
     pos = 0
     for name, arr in constants.items():
-        data = np.ascontiguousarray(arr, dtype=np.float32).tobytes()
+        data = np.ascontiguousarray(arr, dtype=stored(arr.dtype)).tobytes()
         offsets[name] = pos
         chunks.append(data + b"\0" * (aligned(len(data)) - len(data)))
         pos += aligned(len(data))
@@ -319,12 +324,13 @@ def _pack_weights(constants: dict[str, np.ndarray]) -> tuple[dict[str, int], byt
 
 
 def _work_tensors(graph: Graph, calls: list[_Call], constants: dict[str, np.ndarray]) -> dict[str, int]:
-    external = {v.name for v in graph.inputs} | {v.name for v in graph.outputs} | set(constants)
-    return {s: 4 * math.prod(graph.values[s].shape) for c in calls for s in c.slots if s not in external}
+    external = {v.name for v in graph.inputs} | {v.name for v in graph.outputs} | set(constants) | {STATUS}
+    return {s: np.dtype(graph.values[s].dtype).itemsize * math.prod(graph.values[s].shape)
+            for c in calls for s in c.slots if s not in external}
 
 
 def _check_computed(graph: Graph, calls: list[_Call], constants: dict[str, np.ndarray]) -> None:
-    ready = {v.name for v in graph.inputs} | set(constants)
+    ready = {v.name for v in graph.inputs} | set(constants) | {STATUS}
     for c in calls:
         for s in c.slots:
             if s not in c.node.outputs and s not in ready:
@@ -337,28 +343,34 @@ def _check_computed(graph: Graph, calls: list[_Call], constants: dict[str, np.nd
 
 def _emit_run(module: ir.Module, calls: list[_Call], graph: Graph, weights: dict[str, int],
               work: dict[str, int]) -> None:
-    """`tf_run`, and `tf_profile`: the same calls, each timed into `seconds[i]`."""
+    """`tf_run`, and `tf_profile`: the same calls, each timed into `seconds[i]`; both stop after a call that
+    reports bad data in the status and return its number."""
     vpp = VOIDP.as_pointer()
     for name, timed in ((RUN, False), (PROFILE, True)):
-        params = [vpp, vpp, VOIDP, VOIDP] + ([F64.as_pointer()] if timed else [])
-        fn = ir.Function(module, ir.FunctionType(ir.VoidType(), params), name=name)
+        params = [vpp, vpp, VOIDP, VOIDP] + ([F64.as_pointer()] if timed else []) + [I64.as_pointer()]
+        fn = ir.Function(module, ir.FunctionType(I64, params), name=name)
         b = ir.IRBuilder(fn.append_basic_block("entry"))
+        status = fn.args[-1]
+        b.store(i64(0), status)
         # Denormals as zero while the model runs (runtime.c says why); the caller's mode comes back after.
         saved = b.call(intrinsic(module, "tf_fp_enter", I64, []), [])
         now = monotonic_clock(b) if timed else None
-        _emit_calls(b, fn.args, calls, graph, weights, work, now)
+        _emit_calls(b, fn.args, calls, graph, weights, work, now, saved)
         b.call(intrinsic(module, "tf_fp_leave", ir.VoidType(), [I64]), [saved])
-        b.ret_void()
+        b.ret(i64(0))
 
 
 def _emit_calls(b: ir.IRBuilder, fargs, calls: list[_Call], graph: Graph, weights: dict[str, int],
-                work: dict[str, int], now: Callable[[], ir.Value] | None) -> None:
+                work: dict[str, int], now: Callable[[], ir.Value] | None, saved: ir.Value) -> None:
     inputs, outputs, wbase, wsbase = fargs[:4]
+    status = fargs[-1]
     module = b.module
     in_idx = {v.name: i for i, v in enumerate(graph.inputs)}
     out_idx = {v.name: j for j, v in enumerate(graph.outputs)}
 
     def pointer(name: str) -> ir.Value:
+        if name == STATUS:
+            return b.bitcast(status, VOIDP)
         if name in out_idx:
             return b.load(b.gep(outputs, [i64(out_idx[name])]))
         if name in in_idx:
@@ -379,6 +391,10 @@ def _emit_calls(b: ir.IRBuilder, fargs, calls: list[_Call], graph: Graph, weight
             b.call(module.globals[c.symbol], [arr])
         if now is not None:
             b.store(b.fsub(now(), start), b.gep(fargs[4], [i64(i)]))
+        if STATUS in c.slots:
+            with b.if_then(b.icmp_signed("!=", b.load(status), i64(0)), likely=False):
+                b.call(intrinsic(module, "tf_fp_leave", ir.VoidType(), [I64]), [saved])
+                b.ret(i64(i + 1))
 
 
 def _link(compiler: str, objects: list[bytes], dest: Path) -> None:

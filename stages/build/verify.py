@@ -35,9 +35,11 @@ import onnx
 
 from schemas.manifest import MANIFEST, SIGNATURE, Manifest
 from schemas.target import Target
+from stages.build.inputs import input_infos
 from stages.build.library import BuildError, build_library
 from stages.graph.ir import Graph, Node
 from stages.graph.reference import run_node
+from stages.runtime.feeds import sample_inputs
 from stages.runtime.loader import host_features, load, missing_features
 
 REL_TOL = 1e-3  # max abs error allowed, as a fraction of the output's max abs reference value
@@ -225,8 +227,8 @@ def float64_reference(model: str | onnx.ModelProto, feeds: dict[str, np.ndarray]
 
 
 def random_feeds(graph: Graph, seed: int = SEED) -> dict[str, np.ndarray]:
-    rng = np.random.default_rng(seed)
-    return {v.name: rng.standard_normal(v.shape).astype(v.dtype) for v in graph.inputs}
+    """Seeded inputs the model accepts: token ids within the table they index, masks with padding."""
+    return sample_inputs(input_infos(graph), seed)
 
 
 def relative_error(got: np.ndarray, want: np.ndarray) -> float:

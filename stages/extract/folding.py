@@ -15,7 +15,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 import numpy as np
-from onnx import helper, numpy_helper
+from onnx import numpy_helper
 
 from schemas.errors import ModelError
 
@@ -26,7 +26,6 @@ Shape = tuple[int, ...]
 Plan = list[tuple[Shape, np.dtype]] | None  # None: the model's own tensor, nothing is computed
 Planner = Callable[[dict, list[np.ndarray], "Ctx"], Plan]
 Folder = Callable[[dict, list[np.ndarray], "Ctx"], np.ndarray]
-BOOL = np.dtype(bool)
 
 
 def _constant(raw: dict, args: list[np.ndarray], ctx: Ctx) -> np.ndarray:
@@ -58,10 +57,6 @@ def _const_of_shape(raw: dict, args: list[np.ndarray], ctx: Ctx) -> np.ndarray:
     return np.full(_target_shape(args[0]), value[0], dtype=value.dtype)
 
 
-def _cast_dtype(raw: dict) -> np.dtype:
-    return np.dtype(helper.tensor_dtype_to_np_dtype(raw["to"]))
-
-
 def _scalars(args: list[np.ndarray], ctx: Ctx) -> list:
     if any(a.size != 1 for a in args):
         raise ModelError(f"Range {ctx.node!r}: start, limit and delta must be scalars, they have shapes "
@@ -84,40 +79,11 @@ def _range(raw: dict, args: list[np.ndarray], ctx: Ctx) -> np.ndarray:
     return np.arange(start, limit, delta, dtype=args[0].dtype)
 
 
-def _gather_axis(raw: dict, data: np.ndarray, ctx: Ctx) -> int:
-    axis = int(raw.get("axis", 0))
-    if not -data.ndim <= axis < data.ndim:
-        raise ModelError(f"Gather {ctx.node!r}: axis {axis} is out of range for its rank-{data.ndim} data")
-    return axis % data.ndim
-
-
-def _plan_gather(raw: dict, args: list[np.ndarray], ctx: Ctx) -> Plan:
-    data, idx = args
-    axis = _gather_axis(raw, data, ctx)
-    return [(data.shape[:axis] + idx.shape + data.shape[axis + 1:], data.dtype)]
-
-
-def _broadcast(*shapes: Shape) -> Shape:
-    return tuple(np.broadcast_shapes(*shapes))
-
-
 # Ops that exist only to compute constants: they are evaluated at import and must have constant inputs.
 FOLD_ONLY: dict[str, tuple[Planner, Folder]] = {
     "Constant": (lambda raw, args, ctx: None, _constant),
     "ConstantOfShape": (_plan_const_of_shape, _const_of_shape),
-    "Cast": (lambda raw, args, ctx: [(args[0].shape, _cast_dtype(raw))],
-             lambda raw, args, ctx: args[0].astype(_cast_dtype(raw))),
-    "Gather": (_plan_gather, lambda raw, args, ctx: np.take(args[0], args[1], axis=_gather_axis(raw, args[0], ctx))),
     "Range": (_plan_range, _range),
-    "Expand": (lambda raw, args, ctx: [(_broadcast(args[0].shape, _target_shape(args[1])), args[0].dtype)],
-               lambda raw, args, ctx: np.broadcast_to(args[0], _broadcast(args[0].shape, _target_shape(args[1])))),
-    **{op: (lambda raw, args, ctx: [(_broadcast(args[0].shape, args[1].shape), BOOL)], fn)
-       for op, fn in (("Equal", lambda raw, args, ctx: np.equal(args[0], args[1])),
-                      ("Less", lambda raw, args, ctx: np.less(args[0], args[1])),
-                      ("Greater", lambda raw, args, ctx: np.greater(args[0], args[1])))},
-    "Not": (lambda raw, args, ctx: [(args[0].shape, BOOL)], lambda raw, args, ctx: np.logical_not(args[0])),
-    "Where": (lambda raw, args, ctx: [(_broadcast(*(a.shape for a in args)), np.result_type(args[1], args[2]))],
-              lambda raw, args, ctx: np.where(args[0], args[1], args[2])),
 }
 
 

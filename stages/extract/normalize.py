@@ -32,12 +32,16 @@ class Ctx:
     op: str
     shapes: dict[str, tuple[int, ...]]
     consts: dict[str, np.ndarray]
+    dtypes: dict[str, str] = field(default_factory=dict)  # run-time tensors' (constants carry their own)
     node: str = ""
     used: set[str] = field(default_factory=set)
     counter: list[int] = field(default_factory=lambda: [0])
 
     def shape(self, name: str) -> tuple[int, ...]:
         return self.shapes[name]
+
+    def dtype(self, name: str) -> str:
+        return self.consts[name].dtype.name if name in self.consts else self.dtypes[name]
 
     def const(self, name: str, what: str) -> np.ndarray:
         if name not in self.consts:
@@ -276,16 +280,21 @@ GATHER_MAX_PIECES = 64  # non-contiguous constant indices become this many slice
 
 
 def _gather(ins, outs, raw, ctx) -> list[Emit]:
-    """Gather of a run-time tensor by constant indices (ViT's class token, an exporter's as_strided): the
-    runs of consecutive indices become Slices, joined by a Concat, reshaped to Gather's output shape."""
+    """Gather of a run-time tensor by constant indices (ViT's class token, an exporter's as_strided) in at most
+    GATHER_MAX_PIECES runs of consecutive indices: Slices of the runs, joined by a Concat, reshaped to
+    Gather's output shape (an index out of range is an error here). Any other Gather (an embedding table read
+    by run-time token ids, scattered indices) is a Gather node, which checks its indices at run time."""
     src = ctx.shape(ins[0])
     axis = int(raw.get("axis", 0))
     if not -len(src) <= axis < len(src):
         raise ModelError(f"Gather {ctx.node!r}: axis {axis} is out of range for its rank-{len(src)} data")
     axis %= len(src)
-    idx = np.asarray(ctx.const(ins[1], "indices"))
-    if idx.dtype.kind not in "iu":
-        raise ModelError(f"Gather {ctx.node!r}: its indices are {idx.dtype}, not integers")
+    if ctx.dtype(ins[1]) not in ("int64", "int32"):
+        raise ModelError(f"Gather {ctx.node!r}: its indices are {ctx.dtype(ins[1])}, not int64 or int32")
+    node = [("Gather", ins[:2], outs[:1], {"axis": axis})]
+    if ins[0] in ctx.consts or ins[1] not in ctx.consts:
+        return node
+    idx = np.asarray(ctx.consts[ins[1]])
     flat = idx.reshape(-1).astype(np.int64)
     if ((flat < -src[axis]) | (flat >= src[axis])).any():
         raise ModelError(f"Gather {ctx.node!r}: an index is out of range for axis {axis} of size {src[axis]}")
@@ -297,8 +306,7 @@ def _gather(ins, outs, raw, ctx) -> list[Emit]:
         else:
             runs.append((i, 1))
     if len(runs) > GATHER_MAX_PIECES:
-        raise ModelError(f"Gather {ctx.node!r}: gathering a run-time tensor by {flat.size} scattered indices "
-                         f"({len(runs)} runs, at most {GATHER_MAX_PIECES}) is not supported")
+        return node
     out_shape = [*src[:axis], *idx.shape, *src[axis + 1:]]
     emits: list[Emit] = []
     pieces = []
@@ -423,7 +431,5 @@ NORMALIZERS: dict[str, Callable[..., list[Emit]]] = {
     "BatchNormalization": _batch_norm, "Reshape": _reshape, "Flatten": _flatten, "Squeeze": _squeeze,
     "Unsqueeze": _unsqueeze, "Transpose": _transpose, "Concat": _concat, "Split": _split, "Slice": _slice,
     "Pad": _pad, "Softmax": _softmax, "LogSoftmax": _softmax, "LayerNormalization": _layer_norm,
-    "ReduceMean": _reduce(18), "LRN": _lrn,
+    "ReduceMean": _reduce(18), "LRN": _lrn, "Gather": _gather,
 }
-# Ops that fold when every input is a constant and take this form when their first input is not.
-RUNTIME_FORMS: dict[str, Callable[..., list[Emit]]] = {"Gather": _gather}

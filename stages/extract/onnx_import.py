@@ -25,9 +25,12 @@ from onnx import helper, numpy_helper
 
 from schemas.errors import ModelError, UnsupportedOpsError
 from stages.extract.budget import DEFAULT_TENSOR_MB, Budget
+from stages.extract.dtypes import RUNTIME_DTYPES, check_runtime, onnx_dtype, out_dtypes, stored
 from stages.extract.external import read_model
 from stages.extract.folding import FOLD_ONLY, scratch
-from stages.extract.normalize import NORMALIZERS, RUNTIME_FORMS, Ctx
+from stages.extract.normalize import NORMALIZERS as FLOAT_NORMALIZERS
+from stages.extract.normalize import Ctx
+from stages.extract.normalize_index import INDEX_NORMALIZERS
 from stages.extract.shapes import SHAPES, infer
 from stages.extract.weights import has_data
 from stages.graph.ir import Graph, Node, Value
@@ -42,6 +45,7 @@ SHAPE_ONLY: dict[str, Callable[[dict, tuple[int, ...]], np.ndarray]] = {
     "Size": lambda raw, shape: np.array(math.prod(shape), dtype=np.int64),
 }
 ALIASES = ("Identity", "Dropout")
+NORMALIZERS = {**FLOAT_NORMALIZERS, **INDEX_NORMALIZERS}
 SUPPORTED = sorted({*NORMALIZERS, *FOLD_ONLY, *SHAPE_ONLY, *ALIASES})
 
 
@@ -76,7 +80,8 @@ def load_model(model: str | Path | onnx.ModelProto, input_shapes: dict[str, tupl
     budget = Budget.for_model(_own_bytes(proto, consts), max_constant_mb, max_tensor_mb)
     inputs = _bind_inputs([v for v in proto.graph.input if v.name not in init_names], input_shapes or {}, budget)
     used = {i for node in proto.graph.node for i in node.input} | {o.name for o in proto.graph.output}
-    ctx = Ctx(opset=opset, op="", shapes={v.name: v.shape for v in inputs}, consts=consts, used=used)
+    ctx = Ctx(opset=opset, op="", shapes={v.name: v.shape for v in inputs}, consts=consts, used=used,
+              dtypes={v.name: v.dtype for v in inputs})
     for n, arr in consts.items():
         ctx.shapes[n] = arr.shape
     nodes: list[Node] = []
@@ -106,10 +111,10 @@ def load_model(model: str | Path | onnx.ModelProto, input_shapes: dict[str, tupl
     values = {v.name: v for v in inputs}
     for node in nodes:
         for out in node.outputs:
-            values[out] = Value(out, ctx.shapes[out])
-    constants = {k: np.ascontiguousarray(v, dtype=np.float32) for k, v in consts.items() if k in live}
+            values[out] = Value(out, ctx.shapes[out], ctx.dtypes[out])
+    constants = {k: np.ascontiguousarray(v, dtype=stored(v.dtype)) for k, v in consts.items() if k in live}
     for k, v in constants.items():
-        values[k] = Value(k, v.shape)
+        values[k] = Value(k, v.shape, v.dtype.name)
     return Graph(name=graph_name, inputs=inputs, outputs=outputs, nodes=nodes, values=values, constants=constants)
 
 
@@ -169,12 +174,9 @@ def _bind_inputs(vis: list[onnx.ValueInfoProto], bound: dict[str, tuple[int, ...
     values = []
     for v in vis:
         tt = v.type.tensor_type
-        try:
-            dtype = np.dtype(helper.tensor_dtype_to_np_dtype(tt.elem_type)).name
-        except KeyError:
-            dtype = f"element type {tt.elem_type}"
-        if dtype != "float32":
-            raise ModelError(f"input {v.name!r} is {dtype}; tunaflow compiles float32 models")
+        dtype = onnx_dtype(tt.elem_type)
+        if dtype not in RUNTIME_DTYPES:
+            raise ModelError(f"input {v.name!r} is {dtype}; tunaflow's inputs are {', '.join(RUNTIME_DTYPES)}")
         dims = list(tt.shape.dim)
         if v.name in bound:
             shape = bound[v.name]
@@ -194,7 +196,7 @@ def _bind_inputs(vis: list[onnx.ValueInfoProto], bound: dict[str, tuple[int, ...
                     raise ModelError(f"input {v.name!r} has a dynamic dimension ({label}, axis {i}); bind it with "
                                      f"--input-shape {v.name}=" + "x".join(str(x.dim_value or "N") for x in dims))
         budget.tensor(f"input {v.name!r}", shape)
-        values.append(Value(v.name, tuple(shape)))
+        values.append(Value(v.name, tuple(shape), dtype))
     return values
 
 
@@ -203,20 +205,15 @@ def _import_node(op: str, name: str, ins: list[str], outs: list[str], raw: dict,
     if op in ALIASES:
         if op == "Dropout" and ctx.extra_outputs_read(outs):
             raise ModelError(f"Dropout {name!r}: its mask output is not supported")
-        alias[outs[0]] = ins[0]
-        ctx.shapes[outs[0]] = ctx.shapes[ins[0]]
-        if ins[0] in ctx.consts:
-            ctx.consts[outs[0]] = ctx.consts[ins[0]]
+        _alias(ctx, alias, outs[0], ins[0])
         return
     if op in SHAPE_ONLY:
         _set_const(ctx, outs[0], SHAPE_ONLY[op](raw, ctx.shapes[ins[0]]))
         return
-    if op in FOLD_ONLY and not (op in RUNTIME_FORMS and ins[0] not in ctx.consts):
-        if op == "Cast" and ins[0] not in ctx.consts and np.dtype(helper.tensor_dtype_to_np_dtype(raw["to"])) \
-                == np.float32:
-            alias[outs[0]] = ins[0]
-            ctx.shapes[outs[0]] = ctx.shapes[ins[0]]
-            return
+    if op == "Cast" and ins[0] not in ctx.consts and stored(onnx_dtype(raw["to"])) == ctx.dtype(ins[0]):
+        _alias(ctx, alias, outs[0], ins[0])  # a run-time cast to the type it is stored in already
+        return
+    if op in FOLD_ONLY:
         args = [ctx.const(i, f"input {k}") for k, i in enumerate(ins) if i]
         plan, fold = FOLD_ONLY[op]
         try:
@@ -232,16 +229,18 @@ def _import_node(op: str, name: str, ins: list[str], outs: list[str], raw: dict,
             budget.spend([value])
         _set_const(ctx, outs[0], value)
         return
-    for new_op, new_ins, new_outs, attrs in (NORMALIZERS.get(op) or RUNTIME_FORMS[op])(ins, outs, raw, ctx):
+    for new_op, new_ins, new_outs, attrs in NORMALIZERS[op](ins, outs, raw, ctx):
         live_ins = [i for i in new_ins if i]
         if all(i in ctx.consts for i in live_ins):
             _fold_normalised(op, name, new_op, new_outs, [ctx.consts[i] for i in live_ins], attrs, ctx, budget)
             continue
         in_shapes = [ctx.shapes[i] for i in live_ins]
         shapes = infer(new_op, name, in_shapes, attrs)
-        for out, shape in zip(new_outs, shapes, strict=True):
+        dtypes = [stored(d) for d in out_dtypes(new_op, [ctx.dtype(i) for i in live_ins], attrs, len(new_outs))]
+        for out, shape, dtype in zip(new_outs, shapes, dtypes, strict=True):
             budget.tensor(f"{op} {name!r}", shape)
-            ctx.shapes[out] = shape
+            check_runtime(dtype, f"{op} {name!r}: its output {out!r}")
+            ctx.shapes[out], ctx.dtypes[out] = shape, dtype
         for shape in scratch(new_op, in_shapes, attrs, shapes):  # what verifying it with the reference makes
             budget.tensor(f"{op} {name!r}", shape, "scratch array")
         suffix = "" if len(new_outs) == len(outs) and new_outs[0] == outs[0] else f"/{new_op}"
@@ -254,8 +253,9 @@ def _fold_normalised(op: str, name: str, new_op: str, outs: list[str], args: lis
     shapes = [a.shape for a in args]
     try:
         planned = SHAPES[new_op](shapes, attrs)
-        dtype = max((a.dtype for a in args), key=lambda d: d.itemsize)
-        budget.fold(op, name, [(s, dtype) for s in planned], scratch(new_op, shapes, attrs, planned))
+        widest = max((a.dtype for a in args), key=lambda d: d.itemsize).name
+        dtypes = out_dtypes(new_op, [widest] * len(args), attrs, len(planned))
+        budget.fold(op, name, list(zip(planned, dtypes, strict=True)), scratch(new_op, shapes, attrs, planned))
         results = [np.asarray(r) for r in OPS[new_op](args, attrs)]
     except ModelError:
         raise
@@ -264,6 +264,15 @@ def _fold_normalised(op: str, name: str, new_op: str, outs: list[str], args: lis
     budget.spend(results)
     for out, res in zip(outs, results, strict=True):
         _set_const(ctx, out, res)
+
+
+def _alias(ctx: Ctx, alias: dict[str, str], out: str, src: str) -> None:
+    alias[out] = src
+    ctx.shapes[out] = ctx.shapes[src]
+    if src in ctx.consts:
+        ctx.consts[out] = ctx.consts[src]
+    else:
+        ctx.dtypes[out] = ctx.dtypes[src]
 
 
 def _set_const(ctx: Ctx, name: str, value: np.ndarray) -> None:
@@ -287,10 +296,10 @@ def _outputs(proto: onnx.ModelProto, alias: dict[str, str], nodes: list[Node], c
             else:
                 nodes.append(Node(name=f"{o.name}/copy", op="Reshape", inputs=[src], outputs=[o.name],
                                   attrs={"shape": list(ctx.shapes[src])}))
-            ctx.shapes[o.name] = ctx.shapes[src]
+            ctx.shapes[o.name], ctx.dtypes[o.name] = ctx.shapes[src], ctx.dtypes.get(src, "float32")
         if o.name not in produced and not any(o.name in n.outputs for n in nodes):
             raise ModelError(f"output {o.name!r} is a constant; tunaflow needs outputs computed from the inputs")
-        outputs.append(Value(o.name, ctx.shapes[o.name]))
+        outputs.append(Value(o.name, ctx.shapes[o.name], ctx.dtypes[o.name]))
     return outputs
 
 

@@ -101,6 +101,16 @@ def _reduce(s: list[Shape], a: dict) -> list[Shape]:
     return [tuple(d for i, d in enumerate(s[0]) if i not in a["axes"])]
 
 
+def _gather(s: list[Shape], a: dict) -> list[Shape]:
+    ax = a["axis"]
+    return [s[0][:ax] + s[1] + s[0][ax + 1:]]
+
+
+def _gather_nd(s: list[Shape], a: dict) -> list[Shape]:
+    data, idx, batch = s[0], s[1], a["batch_dims"]
+    return [idx[:-1] + data[batch + idx[-1]:]]
+
+
 SHAPES: dict[str, Callable[[list[Shape], dict], list[Shape]]] = {
     **{op: _same for op in ("Relu", "Sigmoid", "Tanh", "Erf", "Sqrt", "LeakyRelu", "Gelu", "Clip", "Softmax",
                             "LogSoftmax", "LRN", "LayerNormalization", "Abs", "Neg", "Exp", "Log", "Reciprocal",
@@ -117,6 +127,11 @@ SHAPES: dict[str, Callable[[list[Shape], dict], list[Shape]]] = {
     **{op: _reduce for op in ("ReduceMean", "ReduceSum", "ReduceMax", "ReduceMin")},
     "Slice": lambda s, a: [tuple(a["sizes"])],
     "Tile": lambda s, a: [tuple(d * r for d, r in zip(s[0], a["repeats"], strict=True))],
+    **{op: _same for op in ("Not", "IsNaN", "IsInf", "Cast", "Trilu", "CumSum")},
+    **{op: _broadcast for op in ("Equal", "Less", "Greater", "LessOrEqual", "GreaterOrEqual", "And", "Or", "Xor",
+                                 "Where")},
+    "Expand": lambda s, a: [tuple(a["shape"])],
+    "Gather": _gather, "GatherND": _gather_nd, "GatherElements": lambda s, a: [s[1]],
 }
 
 

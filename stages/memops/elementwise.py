@@ -20,14 +20,18 @@ from stages.memops.loops import (
     select_min,
 )
 from stages.memops.opctx import OpCtx
+from stages.memops.typed import convert
 
 
 def elementwise(ctx: OpCtx, fn: Combine, inputs: list[int] | None = None) -> None:
-    """out = fn(inputs...) broadcast to the output's shape."""
+    """out = fn(inputs...) broadcast to the output's shape; an integer constant operand (Pow's exponent) is
+    read as float."""
     shape = ctx.out_shape()
     idx = inputs if inputs is not None else [i for i in range(len(ctx.node.inputs)) if ctx.has_input(i)]
     ins = [Operand(ctx.inp(i), broadcast_strides(ctx.in_shape(i), shape)) for i in idx]
-    emit_map(ctx.b, shape, Operand(ctx.out(), contiguous_strides(shape)), ins, fn)
+    kinds = [ctx.in_dtype(i) for i in idx]
+    emit_map(ctx.b, shape, Operand(ctx.out(), contiguous_strides(shape)), ins,
+             lambda b, v: fn(b, [convert(b, x, k, "float32") for x, k in zip(v, kinds, strict=True)]))
 
 
 def _unary(f: Callable[[ir.IRBuilder, ir.Value], ir.Value]) -> Callable[[OpCtx], None]:

@@ -6,7 +6,7 @@ import math
 from collections.abc import Callable
 
 from stages.codegen.irb import add, gep, i64, mul
-from stages.memops.loops import Operand, contiguous_strides, emit_map, f32, loop_nest, offset
+from stages.memops.loops import Operand, align_of, const_like, contiguous_strides, emit_map, loop_nest, offset
 from stages.memops.opctx import OpCtx
 
 
@@ -92,8 +92,8 @@ def pad(ctx: OpCtx) -> None:
     if mode != "constant":
         _pad_gather(ctx, mode, out_shape, [max(0, bg) for bg in begin], crop, extent, istr)
         return
-    value = float(ctx.attr("value", 0.0))
-    emit_map(ctx.b, (math.prod(out_shape),), Operand(ctx.out(), (1,)), [], lambda b, v: f32(value))
+    fill = const_like(ctx.out(), float(ctx.attr("value", 0.0)))
+    emit_map(ctx.b, (math.prod(out_shape),), Operand(ctx.out(), (1,)), [], lambda b, v: fill)
     if min(extent, default=1) <= 0:
         return
     obase = sum(max(0, bg) * s for bg, s in zip(begin, ostr, strict=True))
@@ -115,7 +115,8 @@ def _pad_gather(ctx: OpCtx, mode: str, out_shape, before, crop, extent, istr) ->
                 i = b.select(b.icmp_signed("<", i, i64(0)), b.neg(i), i)
                 i = b.select(b.icmp_signed(">", i, i64(n - 1)), b.sub(i64(2 * (n - 1)), i), i)
             src = add(b, src, mul(b, add(b, i, i64(c)), i64(st)))
-        b.store(b.load(gep(b, x, src), align=4), gep(b, y, offset(b, idx, contiguous_strides(out_shape))), align=4)
+        b.store(b.load(gep(b, x, src), align=align_of(x)), gep(b, y, offset(b, idx, contiguous_strides(out_shape))),
+                align=align_of(y))
 
 
 OPS: dict[str, Callable[[OpCtx], None]] = {

@@ -79,12 +79,26 @@ def offset(b: ir.IRBuilder, idx: Sequence[ir.Value], strides: Sequence[int], bas
     return total
 
 
+def align_of(ptr: ir.Value) -> int:
+    """The alignment an element of `ptr` is guaranteed: its own size (float, i64, i32, a bool's i8)."""
+    ty = ptr.type.pointee
+    return 4 if isinstance(ty, ir.FloatType) else max(1, ty.width // 8)
+
+
+def const_like(ptr: ir.Value, value: float) -> ir.Constant:
+    """`value` as an element of `ptr` (a bool's i8 holds 0 or 1)."""
+    ty = ptr.type.pointee
+    if isinstance(ty, ir.FloatType):
+        return ir.Constant(ty, float(value))
+    return ir.Constant(ty, int(bool(value)) if ty.width == 8 else int(value))
+
+
 def load(b: ir.IRBuilder, op: Operand, idx: Sequence[ir.Value]) -> ir.Value:
-    return b.load(gep(b, op.ptr, offset(b, idx, op.strides, op.base)), align=4)
+    return b.load(gep(b, op.ptr, offset(b, idx, op.strides, op.base)), align=align_of(op.ptr))
 
 
 def store(b: ir.IRBuilder, value: ir.Value, op: Operand, idx: Sequence[ir.Value]) -> None:
-    b.store(value, gep(b, op.ptr, offset(b, idx, op.strides, op.base)), align=4)
+    b.store(value, gep(b, op.ptr, offset(b, idx, op.strides, op.base)), align=align_of(op.ptr))
 
 
 Combine = Callable[[ir.IRBuilder, list[ir.Value]], ir.Value]

@@ -2,7 +2,10 @@
 
 Every generated op is `void op(i8** args)`, the same calling convention as a template's
 `tf_main`. The generator asks for pointers by value name; each first request appends a slot
-to `slots`, and the library's `tf_run` fills slot k with where that value lives.
+to `slots`, and the library's `tf_run` fills slot k with where that value lives. A pointer has
+its tensor's element type (float, i64, i32; bool as i8 holding 0 or 1). An op that can meet bad
+data at run time (an index out of range) asks for the STATUS slot, writes what went wrong there
+and returns; `tf_run` stops after it and returns the call's number (stages/build/library.py).
 """
 
 from __future__ import annotations
@@ -14,9 +17,12 @@ from dataclasses import dataclass, field
 import numpy as np
 from llvmlite import ir
 
-from stages.codegen.irb import F32, F32P, I64, VOIDP, for_range, i64, intrinsic
+from stages.codegen.irb import F32, I32, I64, VOIDP, for_range, i64, intrinsic
 from stages.codegen.parallel import PARALLEL_FOR
 from stages.graph.ir import Graph, Node
+
+ELEMENT: dict[str, ir.Type] = {"float32": F32, "int64": I64, "int32": I32, "bool": ir.IntType(8)}
+STATUS = "\0status"  # the slot of tf_run's i64[3] status: (failed, the bad value, the extent it had to be in)
 
 
 class UnsupportedOp(ValueError):
@@ -70,6 +76,18 @@ class OpCtx:
         self.b.call(pfor, [body, self.b.bitcast(self._args, VOIDP), i64(extent), i64(threads)])
 
     # shapes and attributes
+    def dtype(self, name: str) -> str:
+        for consts in (self.new_constants, self.graph.constants):
+            if name in consts:
+                return consts[name].dtype.name
+        return self.graph.values[name].dtype
+
+    def in_dtype(self, i: int = 0) -> str:
+        return self.dtype(self.node.inputs[i])
+
+    def out_dtype(self, j: int = 0) -> str:
+        return self.dtype(self.node.outputs[j])
+
     def shape(self, name: str) -> tuple[int, ...]:
         if name in self.graph.constants:
             return tuple(self.graph.constants[name].shape)
@@ -108,15 +126,32 @@ class OpCtx:
 
     # pointers
     def ptr(self, name: str) -> ir.Value:
+        """Where tensor `name` is, as a pointer to its element type."""
+        if name == STATUS:
+            return self._slot(name, I64)
+        dtype = self.dtype(name)
+        if dtype not in ELEMENT:
+            raise self.unsupported(f"tensor {name!r} is {dtype}; kernels take {', '.join(ELEMENT)}")
+        return self._slot(name, ELEMENT[dtype])
+
+    def _slot(self, name: str, ty: ir.Type) -> ir.Value:
         if name not in self.slots:
-            if name in self.graph.constants and self.graph.constants[name].dtype != np.float32:
-                raise self.unsupported(f"tensor {name!r} is {self.graph.constants[name].dtype}, kernels take float32")
             self.slots.append(name)
         if name not in self._ptrs:
             assert self._entry is not None
             slot = self._entry.load(self._entry.gep(self._args, [i64(self.slots.index(name))]))
-            self._ptrs[name] = self._entry.bitcast(slot, F32P)
+            self._ptrs[name] = self._entry.bitcast(slot, ty.as_pointer())
         return self._ptrs[name]
+
+    def fail_unless(self, ok: ir.Value, value: ir.Value, extent: ir.Value) -> None:
+        """Unless `ok` (i1): record (value, extent) in the status and return from the op at once (not from
+        inside `parallel`: that would return from the range function only)."""
+        status = self.ptr(STATUS)
+        with self.b.if_then(self.b.not_(ok), likely=False):
+            self.b.store(value, self.b.gep(status, [i64(1)]))
+            self.b.store(extent, self.b.gep(status, [i64(2)]))
+            self.b.store(i64(1), status)
+            self.b.ret_void()
 
     def inp(self, i: int = 0) -> ir.Value:
         return self.ptr(self.node.inputs[i])

@@ -1,5 +1,5 @@
 """Load a built library and run it on numpy arrays."""
 
-from stages.runtime.loader import LoadError, Model, load
+from stages.runtime.loader import LoadError, Model, RunError, load
 
-__all__ = ["LoadError", "Model", "load"]
+__all__ = ["LoadError", "Model", "RunError", "load"]

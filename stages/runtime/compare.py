@@ -20,6 +20,7 @@ from pathlib import Path
 
 import numpy as np
 
+from stages.runtime.feeds import sample_inputs
 from stages.runtime.loader import Model, latency_stats
 from stages.runtime.quiet import settle
 
@@ -35,8 +36,8 @@ def onnxruntime_runner(model: Path, threads: int) -> Callable[[dict[str, np.ndar
 
 
 def random_feeds(model: Model, seed: int = 0) -> dict[str, np.ndarray]:
-    rng = np.random.default_rng(seed)
-    return {i.name: rng.standard_normal(i.shape).astype(i.dtype) for i in model.inputs}
+    """Seeded inputs the model accepts (token ids within their table, masks with padding: feeds.py)."""
+    return sample_inputs(model.inputs, seed)
 
 
 LOAD_WARMUP_S = 0.01  # our workers spin 2 ms after a call; onnxruntime's a shorter while

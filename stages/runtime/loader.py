@@ -9,7 +9,9 @@ The manifest is checked, never trusted. In order, before anything of the library
    have the features it was compiled for.
 Only then is the library opened: from a private in-memory copy of the very bytes that were checked (a file
 swapped in after the check is never loaded), and its exported facts compared with the section's once more.
-Calling refuses buffers of the wrong shape or dtype (sized by the library's facts) instead of reading past them.
+Calling refuses buffers of the wrong shape or dtype (sized by the library's facts) instead of reading past them,
+and integer inputs that index a table (token ids) with a value outside it; a run the library itself stops (an
+index computed out of range) is a RunError naming the node.
 """
 
 from __future__ import annotations
@@ -58,6 +60,10 @@ _IMAGES: list[int] = []
 
 class LoadError(Exception):
     """The artifact cannot be loaded (or called) safely; the message names the reason."""
+
+
+class RunError(LoadError):
+    """The library stopped a run on bad data (an index out of range); the message names the node."""
 
 
 def host_features() -> set[str]:
@@ -240,8 +246,9 @@ class Model:
         self._run = getattr(self._lib, "tf_run", None)
         if self._run is None:
             raise LoadError(f"{self.path / LIBRARY} has no tf_run: not a model library; rebuild it")
-        self._run.argtypes = [vpp, vpp, ctypes.c_void_p, ctypes.c_void_p]
-        self._run.restype = None
+        self._run.argtypes = [vpp, vpp, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p]
+        self._run.restype = ctypes.c_int64
+        self._status = np.zeros(3, dtype=np.int64)  # what the library writes when it stops a run
         self._weights = artifact.weights
         try:
             self._work = _aligned_empty(self.facts.workspace_bytes)
@@ -249,11 +256,12 @@ class Model:
             raise LoadError(f"{self.path} needs a {self.facts.workspace_bytes}-byte workspace, more memory than "
                             "there is") from None
         # Addresses and pointer-array types fixed once: a call then costs a few microseconds of Python.
-        self._fixed = (self._weights.ctypes.data, self._work.ctypes.data)
+        self._fixed = (self._weights.ctypes.data, self._work.ctypes.data, self._status.ctypes.data)
         self._in_array = ctypes.c_void_p * max(1, len(self.facts.inputs))
         self._out_array = ctypes.c_void_p * max(1, len(self.facts.outputs))
         # Buffers are sized by the library's own word, not the manifest's.
         self._in_specs = [(i.name, np.dtype(i.dtype), tuple(i.shape)) for i in self.facts.inputs]
+        self._bounds = {i.name: i.bound for i in self.facts.inputs if i.bound is not None}
         self._out_specs = [(o.name, np.dtype(o.dtype), tuple(o.shape)) for o in self.facts.outputs]
 
     @property
@@ -284,6 +292,8 @@ class Model:
                 raise LoadError(f"input {name!r} must be {dtype}, got {arr.dtype}")
             if arr.shape != shape:
                 raise LoadError(f"input {name!r} must have shape {list(shape)}, got {list(arr.shape)}")
+            if name in self._bounds:
+                _check_indices(name, arr, self._bounds[name])
             feeds.append(np.ascontiguousarray(arr))
         return feeds
 
@@ -302,7 +312,18 @@ class Model:
     def _call(self, feeds: list[np.ndarray], outs: list[np.ndarray]) -> None:
         ins = self._in_array(*[_address(a) for a in feeds])
         res = self._out_array(*[_address(a) for a in outs])
-        self._run(ins, res, *self._fixed)
+        self._stopped(self._run(ins, res, *self._fixed))
+
+    def _stopped(self, code: int) -> None:
+        """RunError for a run the library stopped at call `code` - 1 (0: it ran to the end)."""
+        if code == 0:
+            return
+        ops = [op for op in self.manifest.ops if op.kind != "alias"]
+        op = ops[code - 1] if 0 < code <= len(ops) else None
+        where = f"{op.op} {op.node!r}" if op is not None else f"kernel call {code - 1}"
+        value, extent = (int(v) for v in self._status[1:])
+        raise RunError(f"the run stopped at {where}: index {value} is out of range for an axis of {extent} "
+                       f"(valid: {-extent}..{extent - 1}); no output was returned")
 
     def profile(self, number: int, *args: np.ndarray, warmup: int = 3,
                 **named: np.ndarray) -> list[tuple[OpInfo, float]]:
@@ -311,8 +332,8 @@ class Model:
         if fn is None:
             raise LoadError(f"{self.path} has no {PROFILE}: it was built by an older tunaflow; rebuild it")
         vpp = ctypes.POINTER(ctypes.c_void_p)
-        fn.argtypes = [vpp, vpp, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p]
-        fn.restype = None
+        fn.argtypes = [vpp, vpp, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p]
+        fn.restype = ctypes.c_int64
         ops = [op for op in self.manifest.ops if op.kind != "alias"]
         feeds = self._feeds(args, named)
         outs = [np.empty(shape, dtype=dtype) for _, dtype, shape in self._out_specs]
@@ -320,7 +341,8 @@ class Model:
         res = self._out_array(*[a.ctypes.data for a in outs])
         seconds = np.zeros((warmup + number, max(1, self.facts.calls)), dtype=np.float64)  # one per call it times
         for row in seconds:
-            fn(ins, res, self._weights.ctypes.data, self._work.ctypes.data, row.ctypes.data)
+            self._stopped(fn(ins, res, self._weights.ctypes.data, self._work.ctypes.data, row.ctypes.data,
+                             self._status.ctypes.data))
         medians = np.median(seconds[warmup:], axis=0)
         return list(zip(ops, (float(m) for m in medians), strict=False))
 
@@ -336,6 +358,14 @@ class Model:
             self._call(feeds, outs)
             times.append(time.perf_counter() - t0)
         return times
+
+
+def _check_indices(name: str, arr: np.ndarray, bound: int) -> None:
+    """An input that indexes a table of `bound` entries must hold values in [-bound, bound) (ONNX's rule)."""
+    if arr.size and (int(arr.min()) < -bound or int(arr.max()) >= bound):
+        bad = np.argwhere((arr < -bound) | (arr >= bound))[0]
+        raise LoadError(f"input {name!r} holds {int(arr[tuple(bad)])} at {list(map(int, bad))}, out of range for the "
+                        f"table of {bound} entries it indexes (valid: {-bound}..{bound - 1})")
 
 
 def _address(a: np.ndarray) -> int:
