@@ -32,6 +32,7 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 
 from results import replace_section  # noqa: E402
 
+from testing.cli import tunaflow  # noqa: E402
 from testing.cluster import Cluster, free_port  # noqa: E402
 
 TOKEN = "bench-faults-token-0123456789"
@@ -232,8 +233,7 @@ def hostile(tmp: Path, burst_n: int, slow_n: int) -> dict:
         with RPCRunner(MeasureOptions(number=1, repeat=3, min_repeat_ms=5), "dev", url, TOKEN) as runner:
             served = sum(r.error_no == MeasureErrorNo.no_error for r in runner.run(builds))
     env = {k: v for k, v in os.environ.items() if k != "TUNAFLOW_RPC_TOKEN"}
-    refused = subprocess.run([sys.executable, "-m", "tunaflow", "tracker", "serve", "--host", "0.0.0.0", "--port",
-                              str(free_port())], cwd=ROOT, env=env, capture_output=True, text=True, timeout=60)
+    refused = tunaflow("tracker", "serve", "--host", "0.0.0.0", "--port", free_port(), timeout=60, env=env)
     return {"sent": tally.total, "by_kind": dict(tally.sent), "wrong": tally.wrong, "restarts": restarts,
             "rss": (rss0, rss1), "fds": (fds0, fds_slow, fds1), "burst_s": burst_s, "slow": slow_n,
             "dropped": dropped, "dropped_s": dropped_s, "idle_s": IDLE_S,

@@ -20,6 +20,7 @@ from pathlib import Path
 from schemas.options import MeasureOptions
 from schemas.rpc import TrackerStatus
 from stages.rpc.client import RPCRunner, TrackerClient, TrackerError
+from testing.cli import tunaflow
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -29,6 +30,16 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def wait_for_request(requests: Path, what: str, timeout: float = 30.0) -> bool:
+    """Whether a request whose line holds `what` reached a rogue (its request log) within `timeout` seconds."""
+    deadline = time.monotonic() + timeout
+    while what not in requests.read_text():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.1)
+    return True
 
 
 class Cluster:
@@ -137,6 +148,11 @@ class Cluster:
         dead = sum(self.procs[n].poll() is not None for n in names if n in self.procs)
         logs = [self.tmp / f"{n}.log" for n in names]
         return dead + sum(log.read_text().count("Traceback") for log in logs if log.exists())
+
+    def tracker_status(self, env: dict | None = None) -> subprocess.CompletedProcess:
+        """`tunaflow tracker status` against this tracker, as a user runs it (with the cluster's token by default)."""
+        return tunaflow("tracker", "status", "--tracker", f"127.0.0.1:{self.port}", timeout=60,
+                        env=self.env if env is None else env)
 
     def runner(self, options: MeasureOptions, queue_timeout_s: float = 60.0) -> RPCRunner:
         return RPCRunner(options, "dev", self.url, self.token, queue_timeout_s=queue_timeout_s)

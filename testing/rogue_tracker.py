@@ -48,6 +48,11 @@ def canary_object(target, marker: Path) -> bytes:
     return compile_ir(mod, target).data
 
 
+def lease(job_id: str, job) -> dict:
+    """The body of a tracker's answer handing `job` (a MeasureJob) to an agent."""
+    return {"job_id": job_id, "job": job.model_dump(mode="json")}
+
+
 def plain(status: int, body: object) -> dict:
     """A canned answer without any signature."""
     return {"status": status, "headers": {"content-type": "application/json"}, "body": json.dumps(body)}

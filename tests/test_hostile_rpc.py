@@ -5,8 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import os
-import subprocess
-import sys
 import time
 
 import httpx
@@ -14,12 +12,13 @@ import psutil
 import pytest
 from fastapi import FastAPI
 from test_measure_kernels import FAST
-from test_rpc import ROOT, TOKEN
+from test_rpc import TOKEN
 from test_rpc_restart import builds
 
 from schemas import MeasureErrorNo
 from stages.rpc.auth import AUTH_HEADER, Guard, RequestSigner, signature
 from stages.rpc.tracker import IDLE_S
+from testing.cli import tunaflow
 from testing.cluster import Cluster
 from testing.hostile_rpc import SlowConnections, Tally, bad_credentials, burst, malformed, oversized, replayed
 
@@ -69,8 +68,7 @@ def test_the_tracker_binds_loopback_by_default_and_refuses_to_start_without_a_to
     assert addrs == {"127.0.0.1"}
     env = {k: v for k, v in os.environ.items() if k != "TUNAFLOW_RPC_TOKEN"}
     for host in ("0.0.0.0", "127.0.0.1"):
-        proc = subprocess.run([sys.executable, "-m", "tunaflow", "tracker", "serve", "--host", host, "--port", "1"],
-                              cwd=ROOT, env=env, capture_output=True, text=True, timeout=60)
+        proc = tunaflow("tracker", "serve", "--host", host, "--port", "1", timeout=60, env=env)
         assert proc.returncode == 2 and "no RPC token" in proc.stderr, proc.stderr
 
 

@@ -14,6 +14,7 @@ from support.log_records import TASK, log_with_a_torn_part, rec
 from schemas import TuningRecord
 from stages.log import LogError, TuningLog, merge
 from stages.log.store import SCHEMA, VERSION_KEY, to_table
+from testing.cli import tunaflow
 
 
 def test_arrow_schema_is_derived_from_the_model():
@@ -141,11 +142,9 @@ def test_check_and_repair_move_bad_parts_aside_and_keep_good_rows(tmp_path):
     assert len(records) == 3
     assert {p.path.name for p in problems} == {"part-zero.parquet", "part-halfbad.parquet"}
     assert any("row 1 fails validation: trial" in p.reason for p in problems)
-    r = subprocess.run([sys.executable, "-m", "tunaflow", "log", "check", str(root)], capture_output=True, text=True,
-                       cwd=Path(__file__).resolve().parent.parent)
+    r = tunaflow("log", "check", root)
     assert r.returncode == 1 and "part-zero.parquet" in r.stdout
-    r = subprocess.run([sys.executable, "-m", "tunaflow", "log", "check", str(root), "--repair"],
-                       capture_output=True, text=True, cwd=Path(__file__).resolve().parent.parent)
+    r = tunaflow("log", "check", root, "--repair")
     assert r.returncode == 0, r.stderr
     assert sorted(p.name for p in (root / "quarantine").iterdir()) == ["part-halfbad.parquet", "part-zero.parquet"]
     assert sorted(x.trial for x in log.records()) == [0, 1, 2]

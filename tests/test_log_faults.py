@@ -112,8 +112,7 @@ def test_merge_into_a_read_only_log_is_one_error_line(tmp_path):
     dest.append([rec(1, 1e-3)])
     os.chmod(dest.path, 0o555)
     try:
-        r = subprocess.run([sys.executable, "-m", "tunaflow", "log", "merge", str(dest.path), str(src.path)],
-                           cwd=ROOT, capture_output=True, text=True, preexec_fn=drop_dac_override, timeout=120)
+        r = tunaflow("log", "merge", dest.path, src.path, timeout=120, preexec_fn=drop_dac_override)
     finally:
         os.chmod(dest.path, 0o755)
     assert r.returncode == 2
@@ -149,8 +148,7 @@ def test_build_reads_a_log_with_a_damaged_part(tmp_path):
     log = TuningLog(tmp_path / "log")
     log.append([rec(0, 1e-3)])
     (log.path / "part-zzz.parquet").write_bytes(b"PAR1 garbage")
-    r = subprocess.run([sys.executable, "-m", "tunaflow", "build", str(model), "-o", str(tmp_path / "out"),
-                        "--log", str(log.path), "--no-verify"], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    r = tunaflow("build", model, "-o", tmp_path / "out", "--log", log.path, "--no-verify")
     assert r.returncode == 0, r.stderr
     assert "part-zzz.parquet: not a readable Parquet file" in r.stderr
     assert (tmp_path / "out" / "manifest.json").exists()
@@ -165,8 +163,7 @@ def test_temporary_parts_of_a_killed_writer_are_reported_then_recovered_or_moved
     half.write_bytes(whole.read_bytes()[:300])
     _, problems = log.read(strict=False)
     assert {(p.path, p.kind) for p in problems} == {(whole, "stale"), (half, "stale")}
-    r = subprocess.run([sys.executable, "-m", "tunaflow", "log", "check", str(log.path)], cwd=ROOT,
-                       capture_output=True, text=True, timeout=120)
+    r = tunaflow("log", "check", log.path, timeout=120)
     assert r.returncode == 1 and whole.name in r.stdout and "interrupted writer" in r.stdout
     with log.writer():
         pass

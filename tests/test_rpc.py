@@ -5,11 +5,8 @@ from __future__ import annotations
 import itertools
 import json
 import os
-import subprocess
-import sys
 import threading
 import time
-from pathlib import Path
 
 import httpx
 import pytest
@@ -21,10 +18,10 @@ from stages.measure.builder import build_one
 from stages.rpc.auth import REPLY_HEADER, RequestSigner, UntrustedResponse
 from stages.rpc.tracker import TrackerState, _Agent
 from stages.templates import matmul
+from testing.cli import tunaflow
 from testing.cluster import Cluster, free_port
 
 TOKEN = "test-token-0123456789abcdef"
-ROOT = Path(__file__).resolve().parents[1]
 
 
 @pytest.fixture(scope="module")
@@ -70,13 +67,9 @@ def test_wrong_token_is_rejected(cluster):
     assert refused.value.status_code == 401
     resp = httpx.get(cluster.url + "/v1/status")
     assert resp.status_code == 401 and "token" in resp.json()["detail"] and REPLY_HEADER not in resp.headers
-    cli = subprocess.run([sys.executable, "-m", "tunaflow", "tracker", "status", "--tracker",
-                          f"127.0.0.1:{cluster.port}"], cwd=ROOT, capture_output=True, text=True, timeout=60,
-                         env={**os.environ, "TUNAFLOW_RPC_TOKEN": "not-the-token-0123456789"})
+    cli = cluster.tracker_status(env={**os.environ, "TUNAFLOW_RPC_TOKEN": "not-the-token-0123456789"})
     assert cli.returncode == 2 and "rejected the RPC token" in cli.stderr
-    ok = subprocess.run([sys.executable, "-m", "tunaflow", "tracker", "status", "--tracker",
-                         f"127.0.0.1:{cluster.port}"], cwd=ROOT, capture_output=True, text=True, timeout=60,
-                        env=cluster.env)
+    ok = cluster.tracker_status()
     assert ok.returncode == 0 and "dev" in ok.stdout and "free 2" in ok.stdout
 
 
@@ -141,28 +134,24 @@ def test_a_job_no_device_takes_is_an_error(host):
 def test_tune_op_over_rpc_from_the_command_line(cluster, tmp_path):
     from stages.log import TuningLog
 
-    args = [sys.executable, "-m", "tunaflow", "tune-op", "matmul", "--m", "32", "--n", "32", "--k", "32",
-            "--trials", "4", "--batch-size", "4", "--tuner", "random", "--no-prefect", "--json",
-            "--log", str(tmp_path / "log"), "--runner", "rpc", "--tracker", f"127.0.0.1:{cluster.port}"]
-    run = subprocess.run([*args, "--key", "dev", "--remeasure-top-k", "2"], cwd=ROOT, capture_output=True,
-                         text=True, timeout=300, env=cluster.env)
+    args = ["tune-op", "matmul", "--m", "32", "--n", "32", "--k", "32", "--trials", "4", "--batch-size", "4",
+            "--tuner", "random", "--no-prefect", "--json", "--log", tmp_path / "log", "--runner", "rpc",
+            "--tracker", f"127.0.0.1:{cluster.port}"]
+    run = tunaflow(*args, "--key", "dev", "--remeasure-top-k", "2", env=cluster.env)
     assert run.returncode == 0, run.stderr
     report = json.loads(run.stdout)
     assert report["trials"] == 4 and report["best_gflops"] > 0
     records = TuningLog(tmp_path / "log").records()
     assert sorted(r.tuner for r in records) == ["random"] * 4 + ["remeasure"] * 2
-    nobody = subprocess.run([*args, "--key", "nobody"], cwd=ROOT, capture_output=True, text=True, timeout=120,
-                            env=cluster.env)
+    nobody = tunaflow(*args, "--key", "nobody", timeout=120, env=cluster.env)
     assert nobody.returncode == 2 and "no device under key 'nobody'" in nobody.stderr
 
 
 def test_servers_refuse_to_start_without_a_token(tmp_path):
     env = {k: v for k, v in os.environ.items() if k != "TUNAFLOW_RPC_TOKEN"}
     for args in (["tracker", "serve", "--port", str(free_port())], ["runner", "serve", "--key", "dev"]):
-        r = subprocess.run([sys.executable, "-m", "tunaflow", *args], cwd=ROOT, capture_output=True, text=True,
-                           timeout=60, env=env)
+        r = tunaflow(*args, timeout=60, env=env)
         assert r.returncode == 2 and "no RPC token" in r.stderr, (args, r.stderr)
     (tmp_path / "short").write_text("abc\n")
-    r = subprocess.run([sys.executable, "-m", "tunaflow", "tracker", "status", "--token-file", str(tmp_path / "short")],
-                       cwd=ROOT, capture_output=True, text=True, timeout=60, env=env)
+    r = tunaflow("tracker", "status", "--token-file", tmp_path / "short", timeout=60, env=env)
     assert r.returncode == 2 and "shorter than 16 characters" in r.stderr

@@ -4,16 +4,12 @@ signed answer, and a request captured before a real tracker restart, all as real
 from __future__ import annotations
 
 import asyncio
-import json
-import os
-import subprocess
-import sys
 import time
 
 import httpx
 import pytest
 from test_measure_kernels import FAST, TASK
-from test_rpc import ROOT, TOKEN
+from test_rpc import TOKEN
 from test_rpc_restart import builds
 
 from schemas import MeasureErrorNo
@@ -21,39 +17,10 @@ from schemas.rpc import MeasureJob, SubmitRequest
 from stages.rpc.auth import AUTH_HEADER, REPLY_HEADER, RequestSigner
 from stages.rpc.client import TrackerError
 from stages.templates import matmul
-from testing.cluster import Cluster
-from testing.rogue_tracker import canary_object, captured, plain
+from testing.cluster import Cluster, wait_for_request
+from testing.rogue_tracker import canary_object, captured, lease, plain
 
 REFUSED = "not signed by the tracker"
-
-
-class Rogue:
-    """The rogue tracker as a child process without the token, on `port`."""
-
-    def __init__(self, tmp, port: int, routes: dict, name: str):
-        script, self.log = tmp / f"{name}.json", tmp / f"{name}.requests"
-        script.write_text(json.dumps(routes))
-        self.log.write_text("")
-        env = {k: v for k, v in os.environ.items() if k != "TUNAFLOW_RPC_TOKEN"}
-        self.proc = subprocess.Popen([sys.executable, "-m", "testing.rogue_tracker", "--port", str(port),
-                                      "--script", str(script), "--log", str(self.log)], cwd=ROOT, env=env)
-
-    def requests(self) -> list[str]:
-        return self.log.read_text().splitlines()
-
-    def wait_for(self, what: str, timeout: float = 30.0) -> None:
-        deadline = time.monotonic() + timeout
-        while not any(what in r for r in self.requests()):
-            assert time.monotonic() < deadline, f"no {what} request reached the rogue: {self.requests()}"
-            time.sleep(0.1)
-
-    def close(self) -> None:
-        self.proc.kill()
-        self.proc.wait()
-
-
-def lease_of(job_id: str, job: MeasureJob) -> dict:
-    return {"job_id": job_id, "job": job.model_dump(mode="json")}
 
 
 @pytest.fixture
@@ -65,9 +32,7 @@ def canary(tmp_path, host):
 
 def test_an_agent_refuses_a_rogue_and_a_replayed_answer_and_keeps_serving(tmp_path, host, canary):
     marker, job = canary
-    c = Cluster(tmp_path, TOKEN, agent_timeout=1.0)
-    rogues: list[Rogue] = []
-    try:
+    with Cluster(tmp_path, TOKEN, agent_timeout=1.0) as c:
         c.start_tracker()
         # A holder of the token queues the canary and leases it as an agent would: the signed answers are
         # what an eavesdropper on plain HTTP captures.
@@ -83,20 +48,20 @@ def test_an_agent_refuses_a_rogue_and_a_replayed_answer_and_keeps_serving(tmp_pa
         c.add_agents("agent0")
         c.kill("tracker")
 
-        forged = {"agents": plain(200, {"agent_id": "a1", "heartbeat_s": 0.5}),
-                  "next": plain(200, lease_of("j1", job))}
-        rogues.append(Rogue(tmp_path, c.port, forged, "rogue"))
-        rogues[-1].wait_for("/v1/agents")
+        forged = {"agents": plain(200, {"agent_id": "a1", "heartbeat_s": 0.5}), "next": plain(200, lease("j1", job))}
+        seen = [c.rogue("rogue", forged)]
+        assert wait_for_request(seen[-1], "/v1/agents"), seen[-1].read_text()
         time.sleep(3)
-        rogues[-1].close()
+        c.kill("rogue")
         time.sleep(1.5)  # the agent sees the port closed (a different problem, logged once)
-        rogues.append(Rogue(tmp_path, c.port, {"agents": captured(reg), "next": captured(nxt)}, "replay"))
-        rogues[-1].wait_for("/v1/agents")
+        seen.append(c.rogue("replay", {"agents": captured(reg), "next": captured(nxt)}))
+        assert wait_for_request(seen[-1], "/v1/agents"), seen[-1].read_text()
         time.sleep(3)
-        rogues[-1].close()
+        c.kill("replay")
 
-        for rogue in rogues:  # never got past registering: no lease was believed, no result was posted
-            assert not any(r.endswith(("/next", "/result")) for r in rogue.requests()), rogue.requests()
+        for requests in seen:  # never got past registering: no lease was believed, no result was posted
+            lines = requests.read_text().splitlines()
+            assert not any(r.split(" ")[1].endswith(("/next", "/result")) for r in lines), lines
         assert not marker.exists()
         assert c.procs["agent0"].poll() is None
         log = (tmp_path / "agent0.log").read_text()
@@ -107,19 +72,13 @@ def test_an_agent_refuses_a_rogue_and_a_replayed_answer_and_keeps_serving(tmp_pa
         c.devices(1)
         with c.runner(FAST) as runner:
             assert [r.error_no for r in runner.run(builds(host, 2))] == [MeasureErrorNo.no_error] * 2
-    finally:
-        for rogue in rogues:
-            rogue.close()
-        c.close()
 
 
 def test_a_client_refuses_a_rogue_tracker(tmp_path):
-    c = Cluster(tmp_path, TOKEN)
-    c.start_tracker()
-    c.kill("tracker")
-    rogue = Rogue(tmp_path, c.port, {"status": plain(200, {"keys": [], "requeued": 0, "failed_after_retries": 0})},
-                  "rogue")
-    try:
+    with Cluster(tmp_path, TOKEN) as c:
+        c.start_tracker()
+        c.kill("tracker")
+        c.rogue("rogue", {"status": plain(200, {"keys": [], "requeued": 0, "failed_after_retries": 0})})
         with pytest.raises(TrackerError, match="refused an answer") as refused:
             for _ in range(300):  # until the rogue listens
                 try:
@@ -129,13 +88,8 @@ def test_a_client_refuses_a_rogue_tracker(tmp_path):
                         raise
                 time.sleep(0.1)
         assert "carries no tracker signature" in str(refused.value)
-        status = subprocess.run([sys.executable, "-m", "tunaflow", "tracker", "status", "--tracker",
-                                 f"127.0.0.1:{c.port}"], cwd=ROOT, capture_output=True, text=True, timeout=60,
-                                env=c.env)
+        status = c.tracker_status()
         assert status.returncode == 2 and "refused an answer" in status.stderr and "Traceback" not in status.stderr
-    finally:
-        rogue.close()
-        c.close()
 
 
 def test_a_request_captured_before_a_restart_is_refused_after_it(tmp_path, host):

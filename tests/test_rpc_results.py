@@ -6,14 +6,12 @@ from __future__ import annotations
 import json
 import math
 import signal
-import subprocess
-import sys
 import time
 
 import httpx
 import pytest
 from test_measure_kernels import FAST, TASK
-from test_rpc import ROOT, TOKEN
+from test_rpc import TOKEN
 from test_rpc_restart import builds
 from typer.testing import CliRunner
 
@@ -22,6 +20,7 @@ from schemas.rpc import MeasureJob, SubmitRequest
 from stages.measure.plausible import fastest_plausible_s, judge
 from stages.rpc.auth import AUTH_HEADER, RequestSigner, signature
 from stages.templates import matmul
+from testing.cli import tunaflow
 from testing.cluster import Cluster
 from testing.forged_agent import FORGERIES
 from testing.hostile_rpc import IdleFlood, current_epoch
@@ -66,11 +65,9 @@ def test_forged_results_are_implausible_errors_and_the_batch_is_kept(forger, hos
 def test_tune_op_over_a_lying_device_records_errors_and_finishes(forger, tmp_path, host):
     from stages.log import TuningLog
 
-    run = subprocess.run([sys.executable, "-m", "tunaflow", "tune-op", "matmul", "--m", "32", "--n", "48", "--k", "40",
-                          "--trials", "18", "--batch-size", "9", "--tuner", "random", "--no-prefect", "--json",
-                          "--log", str(tmp_path / "log"), "--runner", "rpc", "--tracker", f"127.0.0.1:{forger.port}",
-                          "--key", "dev", "--remeasure-top-k", "0"],
-                         cwd=ROOT, capture_output=True, text=True, timeout=300, env=forger.env)
+    run = tunaflow("tune-op", "matmul", "--m", "32", "--n", "48", "--k", "40", "--trials", "18", "--batch-size", "9",
+                   "--tuner", "random", "--no-prefect", "--json", "--log", tmp_path / "log", "--runner", "rpc",
+                   "--tracker", f"127.0.0.1:{forger.port}", "--key", "dev", "--remeasure-top-k", "0", env=forger.env)
     assert run.returncode == 0 and "Traceback" not in run.stderr, run.stderr[-3000:]
     report = json.loads(run.stdout)
     records = TuningLog(tmp_path / "log").records()
@@ -116,16 +113,14 @@ def test_malformed_jobs_are_refused_or_answered_and_the_agent_keeps_serving(clus
 def test_an_agent_answers_a_job_it_cannot_read_and_keeps_serving(tmp_path, host):
     """A token holder that is not a correct tracker (here a signing fake) hands out a job whose object is not
     base64: the agent posts an error result for it and asks for the next job."""
-    from test_rpc_mutual_auth import lease_of
-
-    from testing.rogue_tracker import plain
+    from testing.rogue_tracker import lease, plain
 
     job = MeasureJob.of(TASK, host, dict(matmul.default_config(TASK, host).knobs), b"o", FAST)
-    lease = lease_of("j1", job)
-    lease["job"]["obj_b64"] = "this is not base64!"
+    unreadable = lease("j1", job)
+    unreadable["job"]["obj_b64"] = "this is not base64!"
     with Cluster(tmp_path, TOKEN) as c:
         requests = c.rogue("fake", {"agents": plain(200, {"agent_id": "a1", "heartbeat_s": 0.5}),
-                                    "next": plain(200, lease)}, sign=True)
+                                    "next": plain(200, unreadable)}, sign=True)
         c.start_agent("agent")
         deadline = time.monotonic() + 60
         while sum("/result " in r for r in requests.read_text().splitlines()) < 2:
@@ -218,8 +213,6 @@ def test_odd_rpc_input_gets_a_clear_answer(cluster, tmp_path):
     name = "[/]:a:[bold]x"
     cluster.start_agent("marked", key="odd", shown=name)
     cluster.wait(lambda s: any(d.name == name for k in s.keys for d in k.devices))
-    shown = subprocess.run([sys.executable, "-m", "tunaflow", "tracker", "status", "--tracker",
-                            f"127.0.0.1:{cluster.port}"], cwd=ROOT, capture_output=True, text=True, timeout=60,
-                           env=cluster.env)
+    shown = cluster.tracker_status()
     assert shown.returncode == 0 and name in shown.stdout, shown.stdout + shown.stderr
     cluster.procs.pop("marked").terminate()

@@ -9,12 +9,13 @@ import time
 
 import pytest
 from test_measure_kernels import FAST
-from test_rpc import ROOT, TOKEN
+from test_rpc import TOKEN
 from test_rpc_restart import builds
 
 from schemas import MeasureErrorNo
 from schemas.options import RunnerSpec
 from stages.rpc.client import RPCRunner, TrackerClient, TrackerError
+from testing.cli import ROOT, tunaflow
 from testing.cluster import free_port
 
 
@@ -59,11 +60,9 @@ def test_a_tls_tracker_serves_agents_and_clients_that_verify_it(tmp_path, cert, 
 
         with pytest.raises(TrackerError, match="CERTIFICATE_VERIFY_FAILED"):  # no CA: the system store refuses it
             TrackerClient(url, TOKEN).status()
-        plain = subprocess.run([sys.executable, "-m", "tunaflow", "tracker", "status", "--tracker",
-                                f"127.0.0.1:{port}"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=60)
+        plain = tunaflow("tracker", "status", "--tracker", f"127.0.0.1:{port}", timeout=60, env=env)
         assert plain.returncode == 2 and "Traceback" not in plain.stderr
-        ok = subprocess.run([sys.executable, "-m", "tunaflow", "tracker", "status", "--tracker", url], cwd=ROOT,
-                            env={**env, "TUNAFLOW_RPC_CA": str(pem)}, capture_output=True, text=True, timeout=60)
+        ok = tunaflow("tracker", "status", "--tracker", url, timeout=60, env={**env, "TUNAFLOW_RPC_CA": str(pem)})
         assert ok.returncode == 0 and "devices 1" in ok.stdout, ok.stderr
     finally:
         for proc in procs:

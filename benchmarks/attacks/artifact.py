@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import os
 import subprocess
-import sys
 from collections.abc import Callable
 from pathlib import Path
 
@@ -29,6 +28,7 @@ from stages.graph.passes import optimize
 from stages.runtime import load
 from stages.runtime.loader import Model, read_manifest, verify
 from testing import tamper_artifact as ta
+from testing.cli import tunaflow
 
 ROOT = Path(__file__).resolve().parents[2]
 GROUP = 2
@@ -144,8 +144,7 @@ def _tunaflow_run(lib: Path, key: str | None = None) -> tuple[int, str, str]:
     if key is not None:
         env[KEY_ENV] = key
     try:
-        proc = subprocess.run([sys.executable, "-m", "tunaflow", "run", str(lib), "--profile", "1", "--json"],
-                              cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+        proc = tunaflow("run", lib, "--profile", "1", "--json", timeout=120, env=env)
     except subprocess.TimeoutExpired:
         return -1, "", "hung for 120 s"
     return proc.returncode, proc.stdout, proc.stderr

@@ -18,6 +18,7 @@ import time
 from pathlib import Path
 
 from attacks import Outcome
+from testing.cli import QUIET, tunaflow
 
 ROOT = Path(__file__).resolve().parents[2]
 GROUP = 9
@@ -248,13 +249,11 @@ def _records(log: Path) -> list:
 
 
 def _env(extra: dict[str, str] | None = None) -> dict[str, str]:
-    return {**os.environ, "PYTHONPATH": str(ROOT), "DO_NOT_TRACK": "1", "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
-            **(extra or {})}
+    return {**os.environ, "PYTHONPATH": str(ROOT), **QUIET, **(extra or {})}
 
 
 def _cli(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "tunaflow", *args], cwd=ROOT, capture_output=True, text=True,
-                          env=_env(), timeout=300)
+    return tunaflow(*args, env=_env())
 
 
 def _tune(log: Path, extra: list[str], env: dict[str, str] | None = None, preexec_fn=None) -> subprocess.Popen:

@@ -10,15 +10,13 @@ non-ASCII auth header, `wait_s: NaN`, out-of-range options and rich markup in an
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 import time
 from pathlib import Path
 
 from attacks import Outcome
-from testing.cluster import Cluster, free_port
+from testing.cli import tunaflow
+from testing.cluster import Cluster, free_port, wait_for_request
 
-ROOT = Path(__file__).resolve().parents[2]
 TOKEN = "attack-rpc-token-0123456789abcdef"
 
 
@@ -65,10 +63,6 @@ def _canary_job(ctx: _Context, marker: Path):
     return MeasureJob.of(ctx.task, ctx.target, knobs, canary_object(ctx.target, marker), ctx.options)
 
 
-def _lease(job_id: str, job) -> dict:
-    return {"job_id": job_id, "job": job.model_dump(mode="json")}
-
-
 # ---- group 1 ---------------------------------------------------------------------------------------------
 
 def rogue_and_replayed_answers(ctx: _Context) -> list[Outcome]:
@@ -78,7 +72,7 @@ def rogue_and_replayed_answers(ctx: _Context) -> list[Outcome]:
 
     from schemas.rpc import SubmitRequest
     from stages.rpc.auth import RequestSigner
-    from testing.rogue_tracker import captured, plain
+    from testing.rogue_tracker import captured, lease, plain
 
     marker = ctx.tmp / "canary-ran"
     job = _canary_job(ctx, marker)
@@ -95,7 +89,7 @@ def rogue_and_replayed_answers(ctx: _Context) -> list[Outcome]:
     ctx.devices(1)
     ctx.kill("tracker")
     outcomes = []
-    forged = {"agents": plain(200, {"agent_id": "a1", "heartbeat_s": 0.5}), "next": plain(200, _lease("j1", job))}
+    forged = {"agents": plain(200, {"agent_id": "a1", "heartbeat_s": 0.5}), "next": plain(200, lease("j1", job))}
     for name, routes, what in (
             ("rogue", forged,
              "a process without the token takes the dead tracker's port and hands the agent a canary object"),
@@ -103,9 +97,7 @@ def rogue_and_replayed_answers(ctx: _Context) -> list[Outcome]:
              "answers captured from the real tracker (signed registration and a signed lease of a canary object) "
              "are replayed to the agent")):
         requests = ctx.rogue(name, routes)
-        deadline = time.monotonic() + 30
-        while "/v1/agents" not in requests.read_text() and time.monotonic() < deadline:
-            time.sleep(0.1)
+        wait_for_request(requests, "/v1/agents")
         time.sleep(3)
         ctx.kill(name)
         seen = requests.read_text().splitlines()
@@ -132,8 +124,7 @@ def client_against_rogue(ctx: _Context) -> list[Outcome]:
 
     ctx.rogue("rogue-status", {"status": plain(200, {"keys": [], "requeued": 0, "failed_after_retries": 0})})
     time.sleep(1.0)
-    cli = subprocess.run([sys.executable, "-m", "tunaflow", "tracker", "status", "--tracker", f"127.0.0.1:{ctx.port}"],
-                         cwd=ROOT, env=ctx.env, capture_output=True, text=True, timeout=60)
+    cli = ctx.tracker_status()
     line = cli.stderr.strip().splitlines()[-1] if cli.stderr.strip() else cli.stdout.strip()[:200]
     held = cli.returncode == 2 and "refused an answer" in cli.stderr and "Traceback" not in cli.stderr
     return [Outcome(1, "`tracker status` asks a process without the token that answers on the tracker's port",
@@ -198,11 +189,9 @@ def forged_results_through_tune_op(ctx: _Context) -> list[Outcome]:
 
     _forger(ctx)
     log = ctx.tmp / "forged-log"
-    cli = subprocess.run([sys.executable, "-m", "tunaflow", "tune-op", "matmul", "--m", "32", "--n", "48", "--k", "40",
-                          "--trials", "18", "--batch-size", "9", "--tuner", "random", "--no-prefect", "--json",
-                          "--log", str(log), "--runner", "rpc", "--tracker", f"127.0.0.1:{ctx.port}", "--key", "dev",
-                          "--remeasure-top-k", "0"], cwd=ROOT, env=ctx.env, capture_output=True, text=True,
-                         timeout=300)
+    cli = tunaflow("tune-op", "matmul", "--m", "32", "--n", "48", "--k", "40", "--trials", "18", "--batch-size", "9",
+                   "--tuner", "random", "--no-prefect", "--json", "--log", log, "--runner", "rpc",
+                   "--tracker", f"127.0.0.1:{ctx.port}", "--key", "dev", "--remeasure-top-k", "0", env=ctx.env)
     records = TuningLog(log).records() if log.exists() else []
     bad = sum(r.result.error_no == MeasureErrorNo.implausible_result for r in records)
     crash = int(cli.returncode != 0 or "Traceback" in cli.stderr)
@@ -223,7 +212,7 @@ def malformed_jobs(ctx: _Context) -> list[Outcome]:
     from schemas.rpc import MeasureJob, SubmitRequest
     from stages.rpc.auth import RequestSigner
     from stages.templates import matmul
-    from testing.rogue_tracker import plain
+    from testing.rogue_tracker import lease, plain
 
     knobs = dict(matmul.default_config(ctx.task, ctx.target).knobs)
     job = MeasureJob.of(ctx.task, ctx.target, knobs, b"o", ctx.options)
@@ -253,10 +242,10 @@ def malformed_jobs(ctx: _Context) -> list[Outcome]:
     ctx.port = free_port()
     ctx.tmp = ctx.tmp / "faulty-tracker"
     ctx.tmp.mkdir()
-    lease = _lease("j1", job)
-    lease["job"]["obj_b64"] = "this is not base64!"
+    unreadable = lease("j1", job)
+    unreadable["job"]["obj_b64"] = "this is not base64!"
     requests = ctx.rogue("faulty-tracker", {"agents": plain(200, {"agent_id": "a1", "heartbeat_s": 0.5}),
-                                            "next": plain(200, lease)}, sign=True)
+                                            "next": plain(200, unreadable)}, sign=True)
     ctx.start_agent("agent1")
     deadline = time.monotonic() + 60
     while requests.read_text().count("/result ") < 2 and time.monotonic() < deadline:
@@ -333,8 +322,7 @@ def odd_input(ctx: _Context) -> list[Outcome]:
     outcomes.append(Outcome(10, "`wait_s: NaN` in a signed request", f"{resp.status_code} {resp.json().get('detail')}",
                             resp.status_code == 422, crashes=int(resp.status_code >= 500)))
     for args in (["--port", "70000"], ["--max-body-mb", "-1"], ["--agent-timeout", "-5"]):
-        cli = subprocess.run([sys.executable, "-m", "tunaflow", "tracker", "serve", *args], cwd=ROOT,
-                             env={**ctx.env, "COLUMNS": "200"}, capture_output=True, text=True, timeout=60)
+        cli = tunaflow("tracker", "serve", *args, timeout=60, env={**ctx.env, "COLUMNS": "200"})
         line = next((ln.strip(" │") for ln in cli.stderr.splitlines() if "Invalid value" in ln), cli.stderr[-160:])
         outcomes.append(Outcome(10, f"`tracker serve {' '.join(args)}`", f"exit {cli.returncode}: {line}",
                                 cli.returncode == 2 and "Invalid value" in cli.stderr,
@@ -342,8 +330,7 @@ def odd_input(ctx: _Context) -> list[Outcome]:
     name = "[/]:a:[bold]"
     ctx.start_agent("marked", key="odd", shown=name)
     ctx.wait(lambda s: any(d.name == name for k in s.keys for d in k.devices))
-    cli = subprocess.run([sys.executable, "-m", "tunaflow", "tracker", "status", "--tracker", f"127.0.0.1:{ctx.port}"],
-                         cwd=ROOT, env=ctx.env, capture_output=True, text=True, timeout=60)
+    cli = ctx.tracker_status()
     outcomes.append(Outcome(10, f"an agent named `{name}` shown by `tracker status`",
                             f"exit {cli.returncode}; name printed verbatim: {name in cli.stdout}",
                             cli.returncode == 0 and name in cli.stdout, crashes=int("Traceback" in cli.stderr)))
