@@ -38,8 +38,10 @@ def results_markdown(rows: list[dict]) -> str:
     for r in rows:
         speedup = f"{r['speedup_over_default']:.2f}x" if r.get("speedup_over_default") else "-"
         latency = f"{r['best_latency_ms']:.3f}" if r.get("best_latency_ms") else "-"
+        default = f"{r['default_gflops']:.1f}" if r.get("default_gflops") is not None else "-"
+        numpy = f"{r['numpy_gflops']:.1f}" if r.get("numpy_gflops") is not None else "-"
         lines.append(f"| {r['task']} | {r['trials']} | {r['best_gflops']:.1f} | {latency} | "
-                     f"{r['default_gflops']:.1f} | {speedup} | {r.get('numpy_gflops', 0):.1f} |")
+                     f"{default} | {speedup} | {numpy} |")
     return "\n".join(lines)
 
 

@@ -27,6 +27,10 @@ def make_task_runner(spec: str) -> TaskRunner | None:
         except ImportError as exc:
             raise ValueError("--task-runner dask needs prefect-dask: pip install 'tunaflow[dask]'") from exc
         if spec == "dask":
+            import dask
+
+            # Non-daemon workers may start the process a candidate is built in (its build timeout needs one).
+            dask.config.set({"distributed.worker.daemon": False})
             workers = len(os.sched_getaffinity(0))
             return DaskTaskRunner(cluster_kwargs={"n_workers": workers, "threads_per_worker": 1, "processes": True,
                                                   **LOOPBACK})

@@ -14,7 +14,7 @@ from stages.log import TuningLog
 from stages.memops.opctx import OpCtx
 from stages.memops.registry import OPS
 from stages.runtime import load
-from stages.tune.session import run_session
+from stages.tune.loop import tune_task
 
 RNG = np.random.default_rng(7)
 
@@ -237,7 +237,7 @@ def test_apply_best_takes_the_fastest_accepted_record_and_says_who_fell_back(tmp
     graph, feeds = _mm_graph()
     task = graph.nodes[0].task
     log = TuningLog(tmp_path / "log")
-    run_session(task, host, TuningOptions(n_trials=6, batch_size=3, tuner="random",
+    tune_task(task, host, TuningOptions(n_trials=6, batch_size=3, tuner="random",
                                           measure=MeasureOptions(threads=1)), log)
     best = log.best(task.signature, host.key, threads=1)
     # a faster record the template no longer accepts must be passed over, not used

@@ -20,7 +20,7 @@ from stages.measure.check import compare, reduction_size
 from stages.runtime import load
 from stages.templates import alternatives, conv2d, conv2d_winograd
 from stages.templates.winograd_kernel import AT, BT, G
-from stages.tune.session import run_session
+from stages.tune.loop import tune_task
 
 HOST = Target.host()
 
@@ -126,7 +126,7 @@ def test_the_build_runs_whichever_implementation_measured_faster(tmp_path, host)
     log = TuningLog(tmp_path / "log")
     options = TuningOptions(n_trials=3, batch_size=3, tuner="random", measure=MeasureOptions(threads=1))
     for t in (task, twin):
-        run_session(t, host, options, log)
+        tune_task(t, host, options, log)
     best = {t.op: log.best(t.signature, host.key, threads=1) for t in (task, twin)}
     faster = min(best, key=lambda op: best[op].result.median)
     expected = reference.run(graph, feeds)["y"]

@@ -3,7 +3,7 @@
 import asyncio
 from pathlib import Path
 
-from schemas import MeasureOptions, TuningOptions, matmul_task
+from schemas import MeasureOptions, Target, TuningOptions, matmul_task
 from stages.log import TuningLog
 
 TASK = matmul_task(16, 48, 32)
@@ -16,13 +16,14 @@ def test_tune_op_flow_runs_on_prefect_and_writes_the_log(prefect_server, tmp_pat
 
     options = TuningOptions(n_trials=6, batch_size=3, top_k_remeasure=0,
                             measure=MeasureOptions(number=1, repeat=2, min_repeat_ms=1, n_parallel=1))
-    result = tune_op(TASK, "host", options, str(tmp_path / "log"), progress=False)
+    result = tune_op(TASK, Target.host(), options, str(tmp_path / "log"), progress=False)
     records = TuningLog(tmp_path / "log").records()
-    assert result["trials"] == len(records) == 6
-    assert result["best_gflops"] == round(max(r.gflops for r in records), 2) > 0
-    assert result["default_gflops"] > 0 and result["numpy_gflops"] > 0
+    assert result.trials == len(records) == 6
+    assert result.best_gflops == round(max(r.gflops for r in records), 2) > 0
+    assert result.default_gflops > 0 and result.numpy_gflops > 0
     assert list((tmp_path / "log").glob("part-*.parquet"))
-    assert result["best_latency_ms"] > 0 and Path(result["chart"]).stat().st_size > 10_000
+    assert result.best_latency_ms > 0 and Path(result.chart).stat().st_size > 10_000
+    assert Path(result.chart).parent == tmp_path / "log-charts"  # beside the log, which holds only Parquet
 
     async def task_run_names() -> list[str]:
         async with get_client() as client:
@@ -30,7 +31,7 @@ def test_tune_op_flow_runs_on_prefect_and_writes_the_log(prefect_server, tmp_pat
             return [r.name for r in runs]
 
     names = asyncio.run(task_run_names())
-    for step in ("propose", "build", "measure", "record", "measure-default"):
+    for step in ("propose", "build", "measure", "record"):
         assert f"{step} {TASK.description}" in names, (step, names)
 
     async def artifacts() -> dict[str, str]:
@@ -42,8 +43,9 @@ def test_tune_op_flow_runs_on_prefect_and_writes_the_log(prefect_server, tmp_pat
     assert kinds[f"results-matmul-{TASK.signature}"] == "markdown"
     assert kinds[f"convergence-matmul-{TASK.signature}"] == "markdown"
 
-    again = tune_op(TASK, "host", options.model_copy(update={"n_trials": 8}), str(tmp_path / "log"), progress=False)
-    assert again["trials"] == 8 and again["new_trials"] == 2
+    again = tune_op(TASK, Target.host(), options.model_copy(update={"n_trials": 8}), str(tmp_path / "log"),
+                    progress=False)
+    assert again.trials == 8 and again.new_trials == 2
 
 
 def test_dask_task_runner_builds_each_candidate_as_a_task_run(prefect_server, tmp_path):
@@ -56,8 +58,8 @@ def test_dask_task_runner_builds_each_candidate_as_a_task_run(prefect_server, tm
     options = TuningOptions(n_trials=4, batch_size=4, top_k_remeasure=0,
                             measure=MeasureOptions(number=1, repeat=2, min_repeat_ms=1, n_parallel=1))
     flow = tune_op.with_options(task_runner=make_task_runner("dask"))
-    result = flow(task, "host", options, str(tmp_path / "log"), progress=False, distributed_builds=True)
-    assert result["trials"] == 4 and len(TuningLog(tmp_path / "log").records()) == 4
+    result = flow(task, Target.host(), options, str(tmp_path / "log"), progress=False, distributed_builds=True)
+    assert result.trials == 4 and len(TuningLog(tmp_path / "log").records()) == 4
 
     async def candidate_runs() -> list[str]:
         async with get_client() as client:
@@ -84,9 +86,9 @@ def test_tune_model_flow_names_rounds_after_tasks_and_publishes_reports(prefect_
     model = Path(__file__).resolve().parent.parent / "data" / "models" / "mlp.onnx"
     options = TuningOptions(n_trials=4, batch_size=2, tuner="random", top_k_remeasure=1,
                             measure=MeasureOptions(number=1, repeat=2, min_repeat_ms=1, n_parallel=1))
-    result = tune_model(str(model), "host", options, str(tmp_path / "log"), str(tmp_path / "lib"))
-    assert sum(s.trials for s in result["summaries"]) == 4
-    assert result["latency"]["tuned"]["median_ms"] > 0 and result["latency"]["default"]["median_ms"] > 0
+    result = tune_model(str(model), Target.host(), options, str(tmp_path / "log"), str(tmp_path / "lib"), budget=4)
+    assert sum(t.trials for t in result.tasks) == 4
+    assert result.latency["tuned"]["median_ms"] > 0 and result.latency["default"]["median_ms"] > 0
 
     async def names_and_artifacts() -> tuple[list[str], dict[str, str]]:
         async with get_client() as client:
@@ -95,7 +97,7 @@ def test_tune_model_flow_names_rounds_after_tasks_and_publishes_reports(prefect_
             return runs, arts
 
     runs, arts = asyncio.run(names_and_artifacts())
-    first = result["tasks"][0].task.description
+    first = result.tasks[0].task
     for step in ("propose", "build", "measure", "record"):
         assert f"{step} {first}" in runs, (step, runs)
     assert "build-mlp" in arts and "End-to-end latency" in arts["build-mlp"] and "| dense |" in arts["build-mlp"]

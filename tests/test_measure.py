@@ -14,7 +14,7 @@ from stages.measure import worker
 from stages.measure.builder import Builder
 from stages.measure.check import compare
 from stages.templates import matmul
-from stages.tune.session import run_session_with_default
+from stages.tune.loop import tune_task
 
 
 def run_in_process(build, **options):
@@ -72,7 +72,7 @@ def test_top_k_are_remeasured_and_the_best_comes_from_the_remeasurement(tmp_path
     fast = MeasureOptions(number=1, repeat=2, min_repeat_ms=1, n_parallel=1)
     options = TuningOptions(n_trials=5, batch_size=5, tuner="random", top_k_remeasure=2, measure=fast)
     log = TuningLog(tmp_path / "log")
-    summary, _ = run_session_with_default(TASK, host, options, log)
+    summary = tune_task(TASK, host, options, log)
     records = log.records()
     again = [r for r in records if r.tuner == "remeasure"]
     trials = [r for r in records if r.tuner != "remeasure"]
@@ -82,7 +82,7 @@ def test_top_k_are_remeasured_and_the_best_comes_from_the_remeasurement(tmp_path
     assert all(len(r.result.costs) == 3 * 2 for r in again)  # three interleaved rounds, pooled
     assert summary.best is not None and summary.best.tuner == "remeasure"
     assert summary.best.result.median == min(r.result.median for r in again)
-    resumed, _ = run_session_with_default(TASK, host, options, log)
+    resumed = tune_task(TASK, host, options, log)
     assert resumed.new_trials == 0 and len(log.records()) == 7
 
 

@@ -116,18 +116,19 @@ def test_tune_resumes_from_its_log_and_builds_the_tuned_library(model, tmp_path)
 
 def test_tune_model_flow(model, tmp_path, prefect_server):
     from flows.tune_model import tune_model
-    from schemas import MeasureOptions, TuningOptions
+    from schemas import MeasureOptions, Target, TuningOptions
 
     options = TuningOptions(n_trials=4, batch_size=2, tuner="random", measure=MeasureOptions(threads=1))
-    result = tune_model(str(model), "host", options, str(tmp_path / "log"), str(tmp_path / "lib"))
-    trials = [s.trials for s in result["summaries"]]
+    result = tune_model(str(model), Target.host(), options, str(tmp_path / "log"), str(tmp_path / "lib"), budget=4)
+    trials = [t.trials for t in result.tasks]
     assert sum(trials) == 4 and min(trials) >= 1
-    assert {op.kind for op in result["manifest"].ops} == {"tuned", "generated", "alias"}
-    assert (tmp_path / "lib" / "model.so").is_file() and len(result["charts"]) == 3
+    assert set(result.build["ops"]) == {"tuned", "generated", "alias"}
+    assert (tmp_path / "lib" / "model.so").is_file() and len(result.charts) == 3
 
 
 def test_tune_budget_defaults_to_a_fixed_number_of_trials_per_tunable_task(model):
-    from tunaflow.commands.model import TRIALS_PER_TASK, _graph, default_budget
+    from stages.pipeline.model import TRIALS_PER_TASK, default_budget, load_graph, tunable_tasks
 
-    assert default_budget(_graph(model, None)) == 3 * TRIALS_PER_TASK  # the conv, its Winograd twin, the gemm
-    assert default_budget(_graph(Path(__file__).parents[1] / "data" / "models" / "cnn.onnx", None)) == 960
+    assert default_budget(tunable_tasks(load_graph(model))) == 3 * TRIALS_PER_TASK  # the conv, its twin, the gemm
+    cnn = Path(__file__).parents[1] / "data" / "models" / "cnn.onnx"
+    assert default_budget(tunable_tasks(load_graph(cnn))) == 960

@@ -97,7 +97,7 @@ def test_tune_tasks_groups_a_conv_with_its_winograd_twin():
     from schemas.task import parse_epilogue
     from stages.templates import conv2d_winograd
     from stages.templates.conv2d_shape import conv2d_task
-    from stages.tune.model import alternative_groups
+    from stages.tune.loop import alternative_groups
 
     conv = conv2d_task((1, 16, 8, 8), (16, 16, 3, 3), (1, 1), (1, 1, 1, 1), (1, 1), 1, parse_epilogue("bias"))
     strided = conv2d_task((1, 16, 8, 8), (16, 16, 3, 3), (2, 2), (1, 1, 1, 1), (1, 1), 1, parse_epilogue("bias"))
@@ -110,7 +110,7 @@ def test_a_task_new_to_a_resumed_log_gets_its_default_before_the_older_tasks_go_
     from schemas import MeasureOptions, Target, TuningOptions, matmul_task
     from stages.log import TuningLog
     from stages.templates import matmul
-    from stages.tune.model import tune_tasks
+    from stages.tune.loop import tune_tasks
 
     host, log = Target.host(), TuningLog(tmp_path / "log")
     old, new = matmul_task(24, 32, 16), matmul_task(16, 24, 32)
@@ -128,7 +128,7 @@ def test_a_task_no_schedule_serves_gets_no_trials_and_the_others_tune_on(monkeyp
     from stages.log import TuningLog
     from stages.templates import matmul
     from stages.templates.space import NoValidConfig
-    from stages.tune.model import tune_tasks
+    from stages.tune.loop import tune_tasks
 
     host, log = Target.host(), TuningLog(tmp_path / "log")
     good, bad = matmul_task(24, 32, 16), matmul_task(16, 24, 32)

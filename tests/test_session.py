@@ -5,7 +5,8 @@ import pytest
 from schemas import MeasureOptions, TuningOptions, matmul_task
 from stages.log import TuningLog
 from stages.templates import matmul
-from stages.tune.session import TuningSession, run_session, run_session_with_default
+from stages.tune.loop import default_record, tune_task
+from stages.tune.session import TuningSession
 
 TASK = matmul_task(24, 40, 16)
 FAST = MeasureOptions(number=1, repeat=2, min_repeat_ms=1, n_parallel=1)
@@ -19,12 +20,13 @@ def options(**kw) -> TuningOptions:
 def test_session_logs_every_trial_and_finds_a_best(tmp_path, host):
     events = []
     log = TuningLog(tmp_path / "log")
-    summary, default = run_session_with_default(TASK, host, options(), log, [events.append])
+    summary = tune_task(TASK, host, options(), log, [events.append])
+    default = default_record(log, TASK, host, 1)
     records = log.records()
     assert summary.trials == summary.new_trials == len(records) == 6
     assert [e.trial for e in events] == [1, 2, 3, 4, 5, 6]
     assert len({r.config.index for r in records}) == 6
-    assert default.ok and default.median > 0
+    assert default is not None and default.trial == 0 and default.result.median > 0  # the first trial
     assert summary.best is not None and summary.best.result.ok
     assert summary.best.gflops == max(r.gflops for r in records)
     assert all(r.task_signature == TASK.signature and r.target_key == host.key for r in records)
@@ -33,23 +35,23 @@ def test_session_logs_every_trial_and_finds_a_best(tmp_path, host):
 
 def test_resume_skips_measured_configs_and_stops_at_budget(tmp_path, host):
     log = TuningLog(tmp_path / "log")
-    run_session(TASK, host, options(n_trials=4), log)
+    tune_task(TASK, host, options(n_trials=4), log)
     first = {r.config.index for r in log.records()}
-    summary = run_session(TASK, host, options(n_trials=7, seed=1), log)
+    summary = tune_task(TASK, host, options(n_trials=7, seed=1), log)
     records = log.records()
     assert len(records) == 7 and summary.new_trials == 3
     assert len({r.config.index for r in records}) == 7
     assert first < {r.config.index for r in records}
-    again = run_session(TASK, host, options(n_trials=7), log)
+    again = tune_task(TASK, host, options(n_trials=7), log)
     assert again.new_trials == 0 and len(log.records()) == 7
 
 
 def test_records_of_an_older_template_version_are_not_trials(tmp_path, host):
     old_log = TuningLog(tmp_path / "old")
-    run_session(TASK, host, options(n_trials=3), old_log)
+    tune_task(TASK, host, options(n_trials=3), old_log)
     log = TuningLog(tmp_path / "log")
     log.append([r.model_copy(update={"template_version": r.template_version - 1}) for r in old_log.records()])
-    summary = run_session(TASK, host, options(n_trials=3), log)
+    summary = tune_task(TASK, host, options(n_trials=3), log)
     assert summary.new_trials == 3 and summary.trials == 3
     assert summary.best is not None and summary.best.template_version == matmul.VERSION
     assert sum(r.template_version == matmul.VERSION for r in log.records()) == 3
@@ -57,9 +59,9 @@ def test_records_of_an_older_template_version_are_not_trials(tmp_path, host):
 
 def test_other_thread_count_is_a_separate_budget(tmp_path, host):
     log = TuningLog(tmp_path / "log")
-    run_session(TASK, host, options(n_trials=3), log)
+    tune_task(TASK, host, options(n_trials=3), log)
     two = FAST.model_copy(update={"threads": 2})
-    summary = run_session(TASK, host, options(n_trials=3, measure=two), log)
+    summary = tune_task(TASK, host, options(n_trials=3, measure=two), log)
     assert summary.new_trials == 3
     assert sorted(r.threads for r in log.records()) == [1, 1, 1, 2, 2, 2]
 

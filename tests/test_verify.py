@@ -211,17 +211,18 @@ def test_cli_build_fails_on_a_wrong_kernel(model, tmp_path, broken_conv_b):
 def test_tune_checks_its_build_directly_and_in_the_prefect_flow(model, tmp_path, prefect_server, monkeypatch):
     from flows.tune_model import tune_model
     from schemas import MeasureOptions, TuningOptions
-    from tunaflow.commands.model import tune_model as tune_command
+    from stages.pipeline.model import tune_model as direct
 
     options = TuningOptions(n_trials=3, batch_size=3, tuner="random", measure=MeasureOptions(threads=1))
-    r = tune_command(model, Target.host(), options, tmp_path / "log", tmp_path / "direct", None, prefect=False,
-                     quiet=True)
-    assert r["verify"]["status"] == "passed" and r["verify"]["verify_s"] > 0
-    r = tune_model(str(model), "host", options, str(tmp_path / "log"), str(tmp_path / "flow"), compare_default=False)
-    assert r["verification"].status == "passed" and (tmp_path / "flow" / "model.so").is_file()
+    r, _ = direct(model, Target.host(), options, tmp_path / "log", tmp_path / "direct", budget=3)
+    assert r.build["verify"]["status"] == "passed" and r.build["verify"]["verify_s"] > 0
+    r = tune_model(str(model), Target.host(), options, str(tmp_path / "log"), str(tmp_path / "flow"), budget=3,
+                   compare_default=False)
+    assert r.build["verify"]["status"] == "passed" and (tmp_path / "flow" / "model.so").is_file()
     _break_conv_b(monkeypatch)  # the log is complete: the rerun only builds, in this process
     with pytest.raises(VerifyError, match="First diverging node: 'conv_b'"):
-        tune_model(str(model), "host", options, str(tmp_path / "log"), str(tmp_path / "bad"), compare_default=False)
+        tune_model(str(model), Target.host(), options, str(tmp_path / "log"), str(tmp_path / "bad"), budget=3,
+                   compare_default=False)
     assert not (tmp_path / "bad").exists()
 
 

@@ -63,6 +63,12 @@ class Builder:
     def for_options(cls, options: MeasureOptions) -> Builder:
         return cls(options.n_parallel, options.build_timeout, options.fault_rate, options.fault_seed)
 
+    @property
+    def options(self) -> MeasureOptions:
+        """What `for_options` would rebuild this builder from (a distributed build's worker does)."""
+        return MeasureOptions(n_parallel=self.n_parallel, build_timeout=self.timeout, fault_rate=self.faults[0],
+                              fault_seed=self.faults[1])
+
     def _get_pool(self) -> Pool:
         if self._pool is None:
             self._pool = mp.get_context("spawn").Pool(self.n_parallel, initializer=_ignore_sigint)
@@ -75,18 +81,8 @@ class Builder:
             return [build_one(task, c, target, threads, *self.faults) for c in configs]
         pool = self._get_pool()
         pending = [(c, pool.apply_async(build_one, (task, c, target, threads, *self.faults))) for c in configs]
-        results: list[BuildResult] = []
-        stuck = False
-        for config, handle in pending:
-            try:
-                results.append(handle.get(timeout=self.timeout))
-            except mp.TimeoutError:
-                stuck = True
-                results.append(BuildResult(task, target, config, None, self.timeout, MeasureErrorNo.build_timeout,
-                                           f"build did not finish within {self.timeout:.1f} s"))
-            except Exception as exc:
-                results.append(BuildResult(task, target, config, None, 0.0, MeasureErrorNo.compile_error,
-                                           f"build worker failed: {type(exc).__name__}: {exc}"))
+        results = [_collect(handle, task, target, config, self.timeout) for config, handle in pending]
+        stuck = any(r.error_no == MeasureErrorNo.build_timeout for r in results)
         if stuck:
             self.close()
         return results
@@ -102,3 +98,27 @@ class Builder:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def _collect(handle, task: TuningTask, target: Target, config: Config, timeout: float) -> BuildResult:
+    """A worker's build, or the error that stands for it (a timeout, a worker that died)."""
+    try:
+        return handle.get(timeout=timeout)
+    except mp.TimeoutError:
+        return BuildResult(task, target, config, None, timeout, MeasureErrorNo.build_timeout,
+                           f"build did not finish within {timeout:.1f} s")
+    except Exception as exc:
+        return BuildResult(task, target, config, None, 0.0, MeasureErrorNo.compile_error,
+                           f"build worker failed: {type(exc).__name__}: {exc}")
+
+
+def build_isolated(task: TuningTask, config: Config, target: Target, threads: int,
+                   options: MeasureOptions) -> BuildResult:
+    """One candidate built in a fresh worker process under `options`' timeout and faults, as a distributed
+    build's task run does it on whichever machine runs it. A daemon process (a Dask worker left at its
+    default) cannot start one: there the build runs in-process, without the timeout."""
+    if mp.current_process().daemon:
+        return build_one(task, config, target, threads, options.fault_rate, options.fault_seed)
+    with mp.get_context("spawn").Pool(1, initializer=_ignore_sigint) as pool:
+        handle = pool.apply_async(build_one, (task, config, target, threads, options.fault_rate, options.fault_seed))
+        return _collect(handle, task, target, config, options.build_timeout)

@@ -121,6 +121,11 @@ class TuningSession:
         self.errors: dict[str, int] = {}
 
     @property
+    def retrying(self) -> bool:
+        """Whether configs of an earlier run that lost their measurement wait to be measured first."""
+        return bool(self._retry)
+
+    @property
     def remaining(self) -> int:
         return max(0, self.options.n_trials - self.trials)
 

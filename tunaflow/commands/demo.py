@@ -9,6 +9,7 @@ from typing import Annotated
 import typer
 from rich.markup import escape
 
+from tunaflow import runs as pipelines
 from tunaflow.commands.model import VerifyOpt
 from tunaflow.console import fail, interrupted, out
 from tunaflow.limits import MAX_THREADS
@@ -28,49 +29,39 @@ def demo(
     from rich.table import Table
 
     from schemas import MeasureOptions, Target, TuningOptions
-    from stages.runtime import load
-    from stages.runtime.compare import compare, max_rel_error, onnxruntime_runner, paired_ratio, random_feeds
-    from tunaflow.commands.model import _build, _graph, tune_model
+    from stages.runtime.compare import paired_ratio
 
     model = DATA / "models" / "cnn.onnx"
     if not model.is_file():
         raise fail(f"{model} is missing; regenerate the bundled models with `python data/make_models.py`")
     run_dir = runs / f"demo-{datetime.now():%Y%m%d-%H%M%S}"
-    target = Target.host()
     out.print(f"[bold]tunaflow demo[/]: {model.name}, {trials} trials over its tasks, {threads} thread(s)"
               + (" (a temporary local Prefect server starts first, 10-20 s)" if prefect else ""))
     options = TuningOptions(n_trials=trials, batch_size=8, measure=MeasureOptions(threads=threads))
     try:
-        report = tune_model(model, target, options, run_dir / "log", run_dir / "lib", None, prefect, quiet=False,
-                            charts_dir=run_dir / "charts", verify=verify)
+        report = pipelines.tune_model(model, Target.host(), options, run_dir / "log", run_dir / "lib", prefect=prefect,
+                                      progress=True, budget=trials, verify=verify, compare_default=True,
+                                      default_out=run_dir / "lib-default", charts_dir=run_dir / "charts")
     except KeyboardInterrupt:
         raise interrupted(run_dir / "log") from None
-    _build(model, _graph(model, None), target, run_dir / "lib-default", threads, None, quiet=True, verify=verify)
-
-    tuned, default = load(run_dir / "lib"), load(run_dir / "lib-default")
-    feeds = random_feeds(tuned)
-    ort = onnxruntime_runner(model, threads)
-    want = ort(feeds)[0]
-    errors = {name: max_rel_error(next(iter(m.run(**feeds).values())), want)
-              for name, m in (("tuned", tuned), ("default", default))}
-    stats = compare({"tuned library": lambda: tuned.run(**feeds), "default-schedule library": lambda: default.run(
-        **feeds), "onnxruntime": lambda: ort(feeds)})
-
+    stats = report.latency
+    names = {"tuned": "tuned library", "default": "default-schedule library", "onnxruntime": "onnxruntime"}
     table = Table(title=f"{model.name}, batch 1, {threads} thread(s), median of 100 interleaved calls")
     for col in ("", "median ms", "p90 ms", "vs onnxruntime"):
         table.add_column(col, justify="left" if not col else "right")
     for name, s in stats.items():
-        table.add_row(name, f"{s['median_ms']:.3f}", f"{s['p90_ms']:.3f}",
-                      f"{paired_ratio(stats, name, 'onnxruntime'):.2f}x")
+        vs = f"{paired_ratio(stats, name, 'onnxruntime'):.2f}x" if "onnxruntime" in stats else "-"
+        table.add_row(names[name], f"{s['median_ms']:.3f}", f"{s['p90_ms']:.3f}", vs)
     out.print(table)
-    speedup = paired_ratio(stats, "default-schedule library", "tuned library")
-    out.print(f"tuned vs default schedules: [bold green]{speedup:.2f}x faster[/]; max relative difference from "
-              f"onnxruntime: tuned {errors['tuned']:.1e}, default {errors['default']:.1e}")
-    tuned_tasks = sum(1 for t in report["tasks"] if t["best_gflops"] > 0)
-    out.print(f"tasks tuned   : {tuned_tasks} of {len(report['tasks'])} ({sum(t['trials'] for t in report['tasks'])} "
+    speedup = paired_ratio(stats, "default", "tuned")
+    errors = (f"; max relative difference from onnxruntime: tuned {stats['tuned']['max_rel_error']:.1e}, default "
+              f"{stats['default']['max_rel_error']:.1e}" if "onnxruntime" in stats else "")
+    out.print(f"tuned vs default schedules: [bold green]{speedup:.2f}x faster[/]{errors}")
+    tuned_tasks = sum(1 for t in report.tasks if t.best_gflops > 0)
+    out.print(f"tasks tuned   : {tuned_tasks} of {len(report.tasks)} ({sum(t.trials for t in report.tasks)} "
               "trials in the log)")
-    out.print(f"tuning log    : {escape(report['log'])}")
+    out.print(f"tuning log    : {escape(report.log)}")
     out.print(f"library       : {escape(str(run_dir / 'lib'))} (model.so, weights.bin, manifest.json)")
     out.print(f"default build : {escape(str(run_dir / 'lib-default'))}")
-    out.print(f"charts        : {escape(str(run_dir / 'charts'))} ({len(report['charts'])} PNG)")
+    out.print(f"charts        : {escape(str(run_dir / 'charts'))} ({len(report.charts)} PNG)")
     out.print(f"next          : tunaflow run {escape(str(run_dir / 'lib'))} --bench 50")

@@ -10,8 +10,9 @@ from typing import Annotated
 import typer
 from rich.markup import escape
 
+from tunaflow import runs
 from tunaflow.commands.rpc import DeviceKeyOpt, RunnerKind, TokenFile, TrackerOpt, runner_choice
-from tunaflow.console import err, fail, interrupted, out, prefect_env
+from tunaflow.console import err, fail, interrupted, out
 from tunaflow.limits import DEFAULT_TENSOR_MB, MAX_THREADS, MaxConstantOpt, MaxTensorOpt, import_limits
 
 ShapeOpt = Annotated[list[str] | None, typer.Option(
@@ -23,15 +24,24 @@ VerifyOpt = Annotated[bool, typer.Option(
                                  "the ONNX model (onnxruntime, else onnx.reference)")]
 
 
+def _shapes(input_shape: list[str] | None) -> dict[str, tuple[int, ...]]:
+    from schemas.errors import ModelError
+    from stages.extract import parse_input_shapes
+
+    try:
+        return parse_input_shapes(input_shape)
+    except ModelError as exc:
+        raise fail(str(exc)) from exc
+
+
 def _graph(model: Path, input_shape: list[str] | None, limits=None):
-    from schemas.options import ImportLimits
-    from stages.extract import ModelError, load_model, parse_input_shapes
-    from stages.graph.passes import optimize
+    from schemas.errors import ModelError
+    from stages.pipeline.model import load_graph
 
     if not model.is_file():
         raise fail(f"{model}: no such model file")
     try:
-        return optimize(load_model(model, parse_input_shapes(input_shape), **(limits or ImportLimits()).model_dump()))
+        return load_graph(model, _shapes(input_shape), limits)
     except ModelError as exc:
         raise fail(str(exc)) from exc
 
@@ -46,40 +56,22 @@ def _target(text: str):
 
 
 def _build(model: Path, graph, target, output: Path, threads: int, log: Path | None, quiet: bool,
-           verify: bool = True):
+           verify: bool = True) -> dict:
     from stages.build.library import BuildError
-    from stages.build.verify import build_verified
     from stages.log import LogError
+    from stages.pipeline.model import build_checked
+    from stages.report.summary import build_summary
 
     if log is not None and not log.is_dir():
         raise fail(f"{log}: no tuning log there (a directory of Parquet parts); run `tunaflow tune` first")
-    notes: list[str] = []
     try:
-        manifest, verification = build_verified(model, graph, target, output, threads, log,
-                                                on_fallback=notes.append, verify=verify)
+        manifest, fallback, verification = build_checked(str(model), graph, target, str(output), threads,
+                                                         str(log) if log else None, verify)
     except (BuildError, LogError) as exc:
         raise fail(str(exc)) from exc
-    if notes and not quiet:
-        err.print(f"[yellow]{escape(notes[0])}[/]", highlight=False)
-    return manifest, (notes[0] if notes else None), verification
-
-
-def build_summary(manifest, output: Path, verification=None) -> dict:
-    """What `build` and `tune` report; `verification` is the build's self-check (None: built without one)."""
-    kinds: dict[str, int] = {}
-    templates: dict[str, int] = {}  # anchors per implementation: which ran Winograd, which the direct kernel
-    for op in manifest.ops:
-        kinds[op.kind] = kinds.get(op.kind, 0) + 1
-        if op.kind in ("tuned", "default") and op.task:
-            name = op.task.split("(")[0]
-            templates[name] = templates.get(name, 0) + 1
-    return {"library": str(output), "ops": kinds, "templates": templates, "threads": manifest.threads,
-            "target_key": manifest.target_key,
-            "log_digest": manifest.log_digest, "workspace_bytes": manifest.workspace_bytes,
-            "naive_workspace_bytes": manifest.naive_workspace_bytes, "weights_bytes": manifest.weights_bytes,
-            "build_s": round(manifest.build_s, 2),
-            "padded_hand_offs": sum(1 for op in manifest.ops if op.layout and "x padded" in op.layout),
-            "verify": verification.summary() if verification is not None else None}
+    if fallback and not quiet:
+        err.print(f"[yellow]{escape(fallback)}[/]", highlight=False)
+    return build_summary(manifest, output, verification) | {"fallback": fallback}
 
 
 def _print_build(s: dict) -> None:
@@ -126,9 +118,7 @@ def build(
     Example: tunaflow build model.onnx --log runs/cnn/log -o runs/cnn/lib
     """
     graph = _graph(model, input_shape, import_limits(max_constant_mb, max_tensor_mb))
-    manifest, fallback, verification = _build(model, graph, _target(target), output, threads, log, quiet=json_out,
-                                              verify=verify)
-    summary = build_summary(manifest, output, verification) | {"fallback": fallback}
+    summary = _build(model, graph, _target(target), output, threads, log, quiet=json_out, verify=verify)
     if json_out:
         print(json.dumps(summary))
     else:
@@ -241,24 +231,13 @@ def _feeds(model, inputs: Path | None) -> dict:
     return arrays
 
 
-TRIALS_PER_TASK = 64  # the bundled CNN: 10 tasks and 5 Winograd twins, 960 trials
-
-
-def default_budget(graph) -> int:
-    """`tunaflow tune`'s budget when none is given: TRIALS_PER_TASK for each tunable task."""
-    from stages.graph.tasks import extract_tasks
-    from stages.tune.model import tunable
-
-    return TRIALS_PER_TASK * max(1, sum(tunable([t.task])[0] for t in extract_tasks(graph)))
-
-
 def tune(
     model: Annotated[Path, typer.Argument(help="the ONNX model")],
     output: Annotated[Path, typer.Option("-o", "--output", help="directory to write the library into")],
     log: Annotated[Path, typer.Option(help="tuning log directory (created if missing; a rerun resumes)")]
     = Path("tuning-log"),
     trials: Annotated[int | None, typer.Option(
-        help=f"trial budget over all tasks, counting those already in the log (default: {TRIALS_PER_TASK} per "
+        help="trial budget over all tasks, counting those already in the log (default: 64 per "
              "tunable task, alternative implementations included)", show_default=False)] = None,
     scheduler: Annotated[str, typer.Option(help="which task gets the next batch: gradient or round-robin")]
     = "gradient",
@@ -291,13 +270,12 @@ def tune(
     tgt = _target(target)
     if output.exists() and not output.is_dir():  # refused before the tuning, not after it
         raise fail(f"{output} is a file; the library is a directory")
-    limits = import_limits(max_constant_mb, max_tensor_mb)
-    if trials is None:
-        trials = default_budget(_graph(model, input_shape, limits))
+    if not model.is_file():
+        raise fail(f"{model}: no such model file")
     try:
         spec, tgt = runner_choice(runner, key, tracker, token_file, tgt, target)
-        options = TuningOptions(n_trials=trials, tuner=tuner, seed=seed, batch_size=batch_size,
-                                measure=MeasureOptions(threads=threads), runner=spec)
+        options = TuningOptions(**({} if trials is None else {"n_trials": trials}), tuner=tuner, seed=seed,
+                                batch_size=batch_size, measure=MeasureOptions(threads=threads), runner=spec)
     except (ValidationError, ValueError) as exc:
         raise fail(str(exc)) from exc
     from stages.tune.task_scheduler import SCHEDULERS
@@ -305,95 +283,36 @@ def tune(
     if scheduler not in SCHEDULERS:
         raise fail(f"unknown scheduler {scheduler!r}; choose from {sorted(SCHEDULERS)}")
     try:
-        result = tune_model(model, tgt, options, log, output, input_shape, prefect, quiet=json_out,
-                            scheduler=scheduler, verify=verify, limits=limits)
+        report = runs.tune_model(model, tgt, options, log, output, prefect=prefect, progress=True, budget=trials,
+                                 input_shapes=_shapes(input_shape), scheduler=scheduler, verify=verify,
+                                 limits=import_limits(max_constant_mb, max_tensor_mb))
     except KeyboardInterrupt:
         raise interrupted(log) from None
     if json_out:
-        print(json.dumps(result))
+        print(json.dumps(report_json(report)))
     else:
-        print_tune(result)
+        if report.fallback:
+            err.print(f"[yellow]{escape(report.fallback)}[/]", highlight=False)
+        print_tune(report)
 
 
-def tune_model(model: Path, target, options, log: Path, output: Path, input_shape: list[str] | None,
-               prefect: bool, quiet: bool, charts_dir: Path | None = None, scheduler: str = "gradient",
-               verify: bool = True, limits=None) -> dict:
-    """Extract → tune → build → charts, through the Prefect flow or directly; a JSON-able report."""
-    from schemas.options import ImportLimits
-
-    limits = limits or ImportLimits()
-    from stages.log import LogError, TuningLog
-
-    try:
-        TuningLog(log).records()
-    except LogError as exc:
-        raise fail(str(exc)) from exc
-    charts_dir = charts_dir or output / "charts"
-    if prefect:
-        from stages.build.library import BuildError
-        from stages.extract import ModelError, parse_input_shapes
-
-        prefect_env()
-        from flows.server import local_server
-        from flows.tune_model import tune_model as flow
-
-        try:
-            shapes = parse_input_shapes(input_shape)
-            with local_server():
-                r = flow(str(model), target.to_string() if target.name != "host" else "host", options, str(log),
-                         str(output), shapes, str(charts_dir), scheduler, progress=not quiet, verify=verify,
-                         limits=limits)
-        except (ModelError, BuildError, LogError) as exc:
-            raise fail(str(exc)) from exc
-        tasks, summaries, manifest, fallback, verification, charts = (
-            r[k] for k in ("tasks", "summaries", "manifest", "fallback", "verification", "charts"))
-    else:
-        from stages.graph.tasks import extract_tasks
-        from stages.report.charts import log_charts
-        from stages.tune.model import tunable, tune_tasks
-
-        graph = _graph(model, input_shape, limits)
-        tasks = [t for t in extract_tasks(graph) if tunable([t.task])[0]]
-        if not quiet:
-            out.print(f"[bold]{escape(model.name)}[/]: {len(tasks)} task(s), {options.n_trials} trials in all "
-                      f"({scheduler})")
-        from stages.report.progress import ModelProgress
-
-        with ModelProgress([t.task.description for t in tasks], options.n_trials,
-                           every=options.batch_size) as view:
-            try:
-                summaries = tune_tasks([t.task for t in tasks], [t.weight for t in tasks], target, options,
-                                       TuningLog(log), options.n_trials, scheduler,
-                                       (lambda t: [] if quiet else [view.observer(t.description)]))
-            except LogError as exc:  # unwritable or busy log: one line, the records already there are intact
-                raise fail(str(exc)) from exc
-        manifest, fallback, verification = _build(model, graph, target, output, options.measure.threads, log,
-                                                  quiet=True, verify=verify)
-        charts = [str(p) for p in log_charts(TuningLog(log), charts_dir, target.key, options.measure.threads)]
-    if fallback and not quiet:
-        err.print(f"[yellow]{escape(fallback)}[/]", highlight=False)
-    built = {op.task_signature for op in manifest.ops if op.task_signature}  # of a conv and its twin, the faster
-    return {
-        "model": str(model), "log": str(log), "charts": charts, "fallback": fallback,
-        "tasks": [{"task": t.task.description, "signature": t.task.signature, "weight": t.weight,
-                   "trials": s.trials, "new_trials": s.new_trials, "best_gflops": round(s.best_gflops, 2),
-                   "errors": s.errors, "built": t.task.signature in built}
-                  for t, s in zip(tasks, summaries, strict=True)],
-        **build_summary(manifest, output, verification),
-    }
+def report_json(report) -> dict:
+    """`tune --json`: the report with the library's summary at the top level, as `build --json` prints it."""
+    return report.model_dump(mode="json", exclude={"build"}) | report.build
 
 
-def print_tune(r: dict) -> None:
+def print_tune(r) -> None:
     from rich.table import Table
 
-    table = Table(title=f"tasks of {escape(r['model'])}")
-    for col in ("task", "x", "trials", "new", "best GFLOPS", "failed", "built"):
+    table = Table(title=f"tasks of {escape(r.model)}")
+    for col in ("task", "x", "trials", "new", "best GFLOPS", "default", "failed", "built"):
         table.add_column(col, justify="left" if col == "task" else "right")
-    for t in r["tasks"]:
-        table.add_row(escape(t["task"]), str(t["weight"]), str(t["trials"]), str(t["new_trials"]),
-                      f"{t['best_gflops']:.1f}", str(sum(t["errors"].values())), "yes" if t["built"] else "-")
+    for t in r.tasks:
+        default = f"{t.default_gflops:.1f}" if t.default_gflops is not None else "-"
+        table.add_row(escape(t.task), str(t.weight), str(t.trials), str(t.new_trials), f"{t.best_gflops:.1f}",
+                      default, str(sum(t.errors.values())), "yes" if t.built else "-")
     out.print(table)
-    _print_build(r)
-    out.print(f"tuning log: {escape(r['log'])}")
-    charts = escape(str(Path(r["charts"][0]).parent)) if r["charts"] else "(none)"
-    out.print(f"charts   : {charts} ({len(r['charts'])} PNG)")
+    _print_build(r.build)
+    out.print(f"tuning log: {escape(r.log)}")
+    charts = escape(str(Path(r.charts[0]).parent)) if r.charts else "(none)"
+    out.print(f"charts   : {charts} ({len(r.charts)} PNG)")

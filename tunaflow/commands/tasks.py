@@ -11,7 +11,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from tunaflow.console import fail, out
-from tunaflow.limits import DEFAULT_TENSOR_MB, MaxConstantOpt, MaxTensorOpt
+from tunaflow.limits import DEFAULT_TENSOR_MB, MaxConstantOpt, MaxTensorOpt, import_limits
 
 
 def tasks(
@@ -27,15 +27,15 @@ def tasks(
 
     Example: tunaflow tasks data/models/cnn.onnx
     """
-    from stages.extract import ModelError, load_model, parse_input_shapes
-    from stages.graph.passes import optimize
+    from schemas.errors import ModelError
+    from stages.extract import parse_input_shapes
     from stages.graph.tasks import extract_tasks, untuned_ops
+    from stages.pipeline.model import load_graph
 
     if not model.is_file():
         raise fail(f"no model file {model}")
     try:
-        graph = optimize(load_model(model, parse_input_shapes(input_shape), max_constant_mb=max_constant_mb,
-                                    max_tensor_mb=max_tensor_mb))
+        graph = load_graph(model, parse_input_shapes(input_shape), import_limits(max_constant_mb, max_tensor_mb))
     except ModelError as exc:
         raise fail(str(exc)) from exc
     found = extract_tasks(graph)

@@ -2,15 +2,15 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Annotated
 
 import typer
 from rich.markup import escape
 
+from tunaflow import runs
 from tunaflow.commands.rpc import DeviceKeyOpt, RunnerKind, TokenFile, TrackerOpt, runner_choice
-from tunaflow.console import fail, interrupted, out, prefect_env
+from tunaflow.console import fail, interrupted, out
 from tunaflow.limits import MAX_THREADS, finite_epilogue
 
 SHAPE_HELP = "operator shape options; each operator takes its own (see the README)"
@@ -32,7 +32,10 @@ def tune_op(
     epilogue: Annotated[str | None, typer.Option(callback=finite_epilogue,
                                                  help="fused ops, e.g. bias,relu or clip:0:6")] = None,
     trials: Annotated[int, typer.Option(help="trial budget of this task in the log; a rerun resumes up to it")] = 64,
-    log: Annotated[Path, typer.Option(help="tuning log directory (created if missing)")] = Path("tuning-log"),
+    log: Annotated[Path, typer.Option(help="tuning log directory (created if missing; holds only Parquet parts)")]
+    = Path("tuning-log"),
+    charts: Annotated[Path | None, typer.Option(help="where the convergence chart goes (default: LOG-charts beside "
+                                                     "the log)", show_default=False)] = None,
     early_stopping: Annotated[int | None, typer.Option(help="stop after this many trials without a new best")] = None,
     tuner: Annotated[str, typer.Option(help="search policy: lgbm (cost model), lgbm-reg, lgbm-rank, ga, random, grid")]
     = "lgbm",
@@ -92,11 +95,12 @@ def tune_op(
     if task_runner != "local" and not prefect:
         raise fail("--task-runner needs the Prefect flow; drop --no-prefect")
     try:
-        result = tune(task, tgt, options, log, prefect, show_progress=not json_out, task_runner=task_runner)
+        result = runs.tune_op(task, tgt, options, log, prefect=prefect, progress=not json_out,
+                              task_runner=task_runner, charts=charts)
     except KeyboardInterrupt:
         raise interrupted(log) from None
     if json_out:
-        print(json.dumps(result))
+        print(result.model_dump_json())
     else:
         print_result(result)
 
@@ -107,60 +111,22 @@ def _ops() -> list[str]:
     return sorted(TEMPLATES)
 
 
-def tune(task, target, options, log: Path, prefect: bool, show_progress: bool, task_runner: str = "local") -> dict:
-    from stages.log import LogError, TuningLog
-    from stages.measure.numpy_ref import numpy_gflops
-    from stages.report.progress import TerminalProgress
-    from stages.report.summary import op_report
-    from stages.tune.session import run_session_with_default
-
-    try:
-        TuningLog(log).records()
-    except LogError as exc:
-        raise fail(str(exc)) from exc
-    if prefect:
-        prefect_env()
-        from flows.runners import is_distributed, make_task_runner
-        from flows.server import local_server
-        from flows.tune_op import tune_op as flow
-
-        try:
-            runner = make_task_runner(task_runner)
-        except ValueError as exc:
-            raise fail(str(exc)) from exc
-        if runner is not None:
-            flow = flow.with_options(task_runner=runner)
-        try:
-            with local_server():
-                return flow(task, target.to_string() if target.name != "host" else "host", options, str(log),
-                            progress=show_progress, distributed_builds=is_distributed(task_runner))
-        except LogError as exc:  # unwritable or busy log: one line, the records already there are intact
-            raise fail(str(exc)) from exc
-    observers = []
-    with TerminalProgress(task.description, options.n_trials, every=options.batch_size) as bar:
-        if show_progress:
-            observers.append(bar)
-        try:
-            summary, default = run_session_with_default(task, target, options, TuningLog(log), observers)
-        except LogError as exc:
-            raise fail(str(exc)) from exc
-    return op_report(summary, default, numpy_gflops(task, options.measure.threads), str(log))
-
-
-def print_result(r: dict) -> None:
-    out.print(f"[bold]{escape(r['task'])}[/]  ({r['trials']} trials in the log, {r['new_trials']} new, "
-              f"{r['wall_s']:.1f} s)")
-    if r["best_config"] is None:
+def print_result(r) -> None:
+    out.print(f"[bold]{escape(r.task)}[/]  ({r.trials} trials in the log, {r.new_trials} new, {r.wall_s:.1f} s)")
+    if r.best_config is None:
         out.print("[red]no successful trial yet[/]")
     else:
-        knobs = " ".join(f"{k}={v}" for k, v in r["best_config"].items())
+        knobs = " ".join(f"{k}={v}" for k, v in r.best_config.items())
         out.print(f"best schedule : {escape(knobs)}")
-        out.print(f"best          : [bold green]{r['best_gflops']:.1f} GFLOPS[/] (spread {r['best_spread']:.1%})")
-    speedup = f"  -> tuned is {r['speedup_over_default']:.2f}x the default" if r["speedup_over_default"] else ""
-    out.print(f"default       : {r['default_gflops']:.1f} GFLOPS{speedup}")
-    out.print(f"numpy         : {r['numpy_gflops']:.1f} GFLOPS")
-    if r["errors"]:
-        out.print(f"failed trials : {escape(str(r['errors']))}")
-    out.print(f"tuning log    : {escape(r['log'])}")
+        out.print(f"best          : [bold green]{r.best_gflops:.1f} GFLOPS[/] (spread {r.best_spread:.1%})")
+    speedup = f"  -> tuned is {r.speedup_over_default:.2f}x the default" if r.speedup_over_default else ""
+    default = f"{r.default_gflops:.1f} GFLOPS" if r.default_gflops is not None else "no trial of it in the log"
+    out.print(f"default       : {default}{speedup}")
+    out.print(f"numpy         : {r.numpy_gflops:.1f} GFLOPS")
+    if r.errors:
+        out.print(f"failed trials : {escape(str(r.errors))}")
+    out.print(f"tuning log    : {escape(r.log)}")
+    if r.chart:
+        out.print(f"chart         : {escape(r.chart)}")
 
 

@@ -1,0 +1,53 @@
+"""What a tuning run reports: per task, per operator session and per model, for the CLI, `--json`, the
+flows' return values and their artifacts alike (one report, every view)."""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, ConfigDict
+
+from schemas.target import Target
+
+
+class TaskReport(BaseModel):
+    """One task after tuning: its best record (by the log's rank) against its default schedule's."""
+
+    model_config = ConfigDict(frozen=True)
+
+    task: str
+    signature: str
+    weight: int = 1
+    trials: int
+    new_trials: int
+    wall_s: float
+    best_gflops: float
+    best_latency_ms: float | None
+    best_config: dict[str, int | str] | None
+    best_spread: float | None
+    default_gflops: float | None  # None: the log holds no trial of the default schedule
+    speedup_over_default: float | None
+    errors: dict[str, int]
+    built: bool | None = None  # in a model: whether the library runs this task's kernel (of a conv and its twin)
+
+
+class OpReport(TaskReport):
+    """`tune-op`'s result: the task's report plus the numpy reference and where things were written."""
+
+    target_key: str
+    target: Target
+    numpy_gflops: float
+    log: str
+    chart: str | None
+
+
+class ModelReport(BaseModel):
+    """`tune`'s result: every task's report, the built library's summary and, when asked, its latency
+    against the default-schedule build (and onnxruntime when installed), measured interleaved."""
+
+    model: str
+    log: str
+    target: Target
+    charts: list[str]
+    fallback: str | None
+    tasks: list[TaskReport]
+    build: dict
+    latency: dict[str, dict] | None = None
