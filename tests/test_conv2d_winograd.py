@@ -15,10 +15,11 @@ from stages.codegen.jit import LoadedKernel
 from stages.graph import reference
 from stages.graph.ir import Graph, Node, Value
 from stages.graph.tasks import extract_tasks
+from stages.graph.twins import alternatives, winograd_twin
 from stages.log import TuningLog
 from stages.measure.check import compare, reduction_size
 from stages.runtime import load
-from stages.templates import alternatives, conv2d, conv2d_winograd
+from stages.templates import conv2d, conv2d_winograd
 from stages.templates.winograd_kernel import AT, BT, G
 from stages.tune.loop import tune_task
 
@@ -26,7 +27,7 @@ HOST = Target.host()
 
 
 def wino_task(x, w, pads=(1, 1, 1, 1), chain=""):
-    return conv2d_winograd.twin(conv2d.conv2d_task(x, w, (1, 1), pads, (1, 1), 1, parse_epilogue(chain)))
+    return winograd_twin(conv2d.conv2d_task(x, w, (1, 1), pads, (1, 1), 1, parse_epilogue(chain)))
 
 
 def run(task, knobs, inputs, threads=1):
@@ -91,7 +92,7 @@ def test_only_3x3_stride_1_single_group_convs_get_a_winograd_twin():
                   conv2d.conv2d_task((1, 8, 10, 10), (8, 8, 1, 1))):
         assert alternatives(other) == []
         with pytest.raises(ValueError, match="3x3 stride-1"):
-            conv2d_winograd.twin(other)
+            winograd_twin(other)
 
 
 def test_the_bundled_cnn_brings_a_twin_for_each_3x3_stride_1_conv():
@@ -105,7 +106,7 @@ def test_the_bundled_cnn_brings_a_twin_for_each_3x3_stride_1_conv():
     assert len(own) == 10 and len(twins) == 5
     for e in twins:
         base = own[e.alternative_to]
-        assert e.task == conv2d_winograd.twin(base.task) and (e.weight, e.nodes) == (base.weight, base.nodes)
+        assert e.task == winograd_twin(base.task) and (e.weight, e.nodes) == (base.weight, base.nodes)
 
 
 def _conv_graph() -> tuple[Graph, dict[str, np.ndarray]]:

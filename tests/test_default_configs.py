@@ -25,6 +25,7 @@ from stages.codegen.compile import compile_ir
 from stages.codegen.jit import LoadedKernel
 from stages.extract import load_model
 from stages.graph.passes import optimize
+from stages.graph.twins import winograd_serves, winograd_twin
 from stages.measure.check import compare, reduction_size
 from stages.runtime import load
 from stages.templates import batch_matmul, conv2d, conv2d_winograd, dense, matmul
@@ -75,8 +76,8 @@ def conv_tasks(draw):
 @given(conv_tasks())
 def test_conv2d_defaults_are_in_their_space(task):
     assert_default_accepted(conv2d, task)
-    if conv2d_winograd.serves(task):
-        assert_default_accepted(conv2d_winograd, conv2d_winograd.twin(task))
+    if winograd_serves(task):
+        assert_default_accepted(conv2d_winograd, winograd_twin(task))
     # The last fallback, so no accepted conv is unservable: the smallest tile passes every rule.
     for target in TARGETS:
         assert conv2d.space(task, target).reason(PROBE) is None
@@ -144,7 +145,7 @@ SAMPLE = [
     _conv((1, 32, 20, 20), (32, 1, 5, 5), strides=(2, 2), pads=(2, 2, 2, 2), groups=32, chain="bias,relu"),
     _conv((1, 24, 20, 20), (24, 24, 3, 3), pads=(2, 2, 2, 2), dil=(2, 2)),
     _conv((1, 170, 10, 10), (85, 34, 3, 3), pads=(1, 1, 1, 1), groups=5),  # 17 channels per group
-    (conv2d_winograd, conv2d_winograd.twin(conv2d.conv2d_task((1, 96, 10, 10), (96, 96, 3, 3), pads=(1, 1, 1, 1)))),
+    (conv2d_winograd, winograd_twin(conv2d.conv2d_task((1, 96, 10, 10), (96, 96, 3, 3), pads=(1, 1, 1, 1)))),
     (dense, dense.task(17, 1000, 3, parse_epilogue("bias,gelu"), trans_a=True)),
     (batch_matmul, batch_matmul.task((2, 3, 33, 7), (3, 7, 19))),
 ]

@@ -20,7 +20,8 @@ from stages.codegen.harness import add_harness
 from stages.codegen.irb import F32P, I64, VOIDP, add, for_range, gep, i64, load_vec, mul, splat, store_vec
 from stages.codegen.jit import LoadedKernel
 from stages.codegen.parallel import emit_main
-from stages.templates import epilogue
+from stages.graph import epilogue
+from stages.templates.epilogue import emit
 
 VW = 8
 HOST = Target.host()
@@ -51,7 +52,7 @@ def _kernel(ops: tuple[EpilogueOp, ...], rows: int, cols: int, channels_on_cols:
                 return splat(b, b.load(gep(b, t, r)), VW)
 
             acc = load_vec(b, gep(b, x, pos), VW, valid)
-            store_vec(b, epilogue.emit(b, ops, acc, load), gep(b, y, pos), valid)
+            store_vec(b, emit(b, ops, acc, load), gep(b, y, pos), valid)
     b.ret_void()
     add_harness(mod, emit_main(mod, fn, rows, 1))
     return LoadedKernel(compile_ir(mod, HOST).data, HOST)

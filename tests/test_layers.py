@@ -29,6 +29,7 @@ LAYERS: dict[str, str] = {
     "stages.runtime": "build",
     "stages.tune": "build",
     "stages.report": "build",
+    "stages.pipeline": "build",  # the pipelines every entry point runs: extract, tune, build, report
 }
 
 OUTSIDE_STAGES = ("prefect", "flows", "tunaflow", "testing")

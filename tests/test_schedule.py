@@ -95,13 +95,13 @@ def test_with_every_other_task_exhausted_the_slow_member_gets_the_rest_of_the_bu
 
 def test_tune_tasks_groups_a_conv_with_its_winograd_twin():
     from schemas.task import parse_epilogue
-    from stages.templates import conv2d_winograd
+    from stages.graph.twins import winograd_twin
     from stages.templates.conv2d_shape import conv2d_task
     from stages.tune.loop import alternative_groups
 
     conv = conv2d_task((1, 16, 8, 8), (16, 16, 3, 3), (1, 1), (1, 1, 1, 1), (1, 1), 1, parse_epilogue("bias"))
     strided = conv2d_task((1, 16, 8, 8), (16, 16, 3, 3), (2, 2), (1, 1, 1, 1), (1, 1), 1, parse_epilogue("bias"))
-    assert alternative_groups([strided, conv, conv2d_winograd.twin(conv)]) == [0, 1, 1]
+    assert alternative_groups([strided, conv, winograd_twin(conv)]) == [0, 1, 1]
 
 
 def test_a_task_new_to_a_resumed_log_gets_its_default_before_the_older_tasks_go_on(tmp_path):

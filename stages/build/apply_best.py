@@ -15,9 +15,10 @@ from schemas.config import Config
 from schemas.record import TuningRecord
 from schemas.target import Target
 from schemas.task import TuningTask
+from stages.graph.twins import alternatives
 from stages.log import TuningLog
 from stages.log.store import rank_key
-from stages.templates import alternatives, template_for
+from stages.templates import template_for
 from stages.templates.space import NoValidConfig
 
 

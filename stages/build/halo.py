@@ -13,8 +13,9 @@ from collections import Counter
 from dataclasses import dataclass
 
 from stages.build.apply_best import Choice
+from stages.graph import epilogue
 from stages.graph.ir import Graph, Node
-from stages.templates import conv2d, epilogue
+from stages.templates import conv2d
 
 
 @dataclass(frozen=True)

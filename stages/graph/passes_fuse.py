@@ -26,8 +26,8 @@ import numpy as np
 
 from schemas.errors import ModelError
 from schemas.task import EpilogueOp, TensorSpec, TuningTask
+from stages.graph import epilogue as epi
 from stages.graph.ir import Graph, Node, Value
-from stages.templates import epilogue as epi
 
 ANCHORS = ("Conv", "Gemm", "MatMul")
 DENSE_ATTRS = {"trans_a": False, "trans_b": True, "alpha": 1.0}

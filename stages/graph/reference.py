@@ -30,8 +30,9 @@ from collections.abc import Callable
 import numpy as np
 
 from schemas.task import CONV_OPS, TuningTask
+from stages.graph.epilogue import apply_reference
 from stages.graph.ir import Graph, Node
-from stages.templates.epilogue import apply_reference
+from stages.graph.reference_index import INDEX_OPS
 
 OpFn = Callable[[list[np.ndarray], dict], list[np.ndarray]]
 
@@ -325,4 +326,5 @@ OPS: dict[str, OpFn] = {
     "Conv": lambda args, a: [conv2d(args[0], args[1], a["strides"], a["pads"], a["dilations"], a["group"])
                              + (args[2].reshape(1, -1, 1, 1) if len(args) > 2 else 0)],
     "BatchNormalization": _batch_norm,
+    **INDEX_OPS,
 }

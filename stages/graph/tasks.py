@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 from schemas.task import TuningTask
 from stages.graph.ir import Graph
-from stages.templates import alternatives
+from stages.graph.twins import alternatives
 
 
 @dataclass(frozen=True)

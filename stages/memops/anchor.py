@@ -13,9 +13,10 @@ import math
 from llvmlite import ir
 
 from stages.codegen.irb import add, for_range, gep, i64, mul
+from stages.graph.epilogue import operands
 from stages.memops.loops import f32, loop_nest
 from stages.memops.opctx import OpCtx
-from stages.templates.epilogue import emit, operands
+from stages.templates.epilogue import emit
 
 GENERIC_OPS = frozenset({"matmul", "dense", "batch_matmul"})
 

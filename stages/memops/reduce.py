@@ -39,7 +39,7 @@ from stages.memops.loops import (
     select_min,
 )
 from stages.memops.opctx import OpCtx
-from stages.templates.epilogue import _exp as exp_f32  # the shared inline expf (vectorisable)
+from stages.templates.epilogue import exp_f32
 
 _INIT = {"sum": 0.0, "mean": 0.0, "max": -math.inf, "min": math.inf}
 _COMBINE = {"sum": fadd_reassoc, "mean": fadd_reassoc, "max": select_max,

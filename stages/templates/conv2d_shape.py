@@ -2,7 +2,7 @@
 
 Task attributes follow the graph importer's normalised ONNX Conv attributes: `strides` (2),
 `pads` (top, left, bottom, right), `dilations` (2), `group`. Activations are NCHW and weights
-OIHW at the task boundary; epilogue tensors follow `[X, W]` as `stages.templates.epilogue` says.
+OIHW at the task boundary; epilogue tensors follow `[X, W]` as `stages.graph.epilogue` says.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from schemas.task import EpilogueOp, TensorSpec, TuningTask
-from stages.templates import epilogue
+from stages.graph import epilogue
 
 
 @dataclass(frozen=True)

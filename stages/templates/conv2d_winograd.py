@@ -17,13 +17,14 @@ from schemas.config import Config
 from schemas.target import Target
 from schemas.task import TuningTask
 from stages.codegen.harness import add_harness
+from stages.graph.twins import WINOGRAD, winograd_twin
 from stages.templates.conv2d import make_inputs, reference
 from stages.templates.conv2d import task_from_cli as conv2d_from_cli
 from stages.templates.conv2d_shape import geom
 from stages.templates.space import ConfigSpace, Knob, Knobs, first_valid
 from stages.templates.winograd_kernel import MAX_LANES, G, WinoPlan, build
 
-NAME = "conv2d_winograd"
+NAME = WINOGRAD
 VERSION = 5  # 2: an output narrower than 16 columns computes only its own tiles; 3: F(4x4) transforms
 # share sums; 4: knob `pack`; 5: pack=item items are whole row blocks
 
@@ -36,24 +37,9 @@ PACK = ("phase", "item")  # X packed for the whole image first, or by each work 
 CLI_OPTIONS = ("input", "weight", "pad", "epilogue")
 
 
-def serves(task: TuningTask) -> bool:
-    """Whether this template can run a conv2d task: 3x3 window, stride 1, no dilation, one group."""
-    if task.op != "conv2d":
-        return False
-    g = geom(task)
-    return (g.kh, g.kw, g.sh, g.sw, g.dh, g.dw, g.groups) == (3, 3, 1, 1, 1, 1, 1)
-
-
-def twin(task: TuningTask) -> TuningTask:
-    """The `conv2d_winograd` task computing what the conv2d `task` computes."""
-    if not serves(task):
-        raise ValueError(f"Winograd F(m,3) serves 3x3 stride-1 undilated single-group convs, not {task.description}")
-    return task.model_copy(update={"op": NAME})
-
-
 def task_from_cli(opts: dict) -> TuningTask:
     """`tune-op conv2d_winograd --input 1x16x32x32 --weight 16x16x3x3 --pad 1 --epilogue bias,relu`."""
-    return twin(conv2d_from_cli({**opts, "stride": 1, "dilation": 1, "groups": 1}))
+    return winograd_twin(conv2d_from_cli({**opts, "stride": 1, "dilation": 1, "groups": 1}))
 
 
 def plan(task: TuningTask, knobs: Knobs, target: Target) -> WinoPlan:
@@ -121,4 +107,4 @@ def build_ir(task: TuningTask, knobs: Knobs, target: Target, threads: int = 1) -
 
 
 __all__ = ["CLI_OPTIONS", "NAME", "VERSION", "build_ir", "default_config", "kernel_args", "make_inputs",
-           "reference", "serves", "space", "task_from_cli", "transform_weights", "twin"]
+           "reference", "space", "task_from_cli", "transform_weights"]

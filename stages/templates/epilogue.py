@@ -1,24 +1,8 @@
-"""Fused epilogues: element-wise ops applied to an accumulator in registers before its one store.
+"""Fused epilogues in LLVM IR: a chain (`stages.graph.epilogue` says what each op means and which
+tensors it reads) applied to an accumulator in registers before its one store. Shared by every
+template (dense, matmul, batch matmul, conv2d, Winograd) and the generated ops that fuse one.
 
-Shared by every template (dense, matmul, batch matmul, conv2d). A chain is the task's
-`epilogue` (any order, any length) of: bias, scale_shift, relu, clip, leaky_relu, sigmoid, tanh,
-gelu (exact, erf form), gelu_tanh (the tanh approximation), swish (x * sigmoid(alpha x); SiLU at
-alpha 1), hard_sigmoid (clamp(alpha x + beta, 0, 1)), hard_swish (x * hard_sigmoid(x); ONNX's
-HardSwish at alpha 1/6, beta 1/2), residual_add. `DEFAULTS` holds the attributes an op assumes
-when they are absent (the fusion pass drops attributes equal to them, so a model's layer and
-`--epilogue hard_swish` are one task).
-
-Epilogue tensors (the contract between tasks, `make_inputs`, `kernel_args` and codegen):
-- In `TuningTask.inputs` they follow the anchor op's own inputs, in epilogue order:
-  `inputs = [X, W, *epilogue tensors]`. `bias` brings one tensor `(C,)`, `scale_shift` two,
-  scale `(C,)` then shift `(C,)`, and `residual_add` one tensor of the output's shape. `C` is
-  the output's channel axis: the last axis for dense/matmul/batch matmul, axis 1 for NCHW conv2d.
-- In `kernel_args` they come in the same order after the anchor's (packed) operands and before
-  the output, which stays LAST: `[X, Wpacked, *epilogue tensors, Y]`. A template may re-lay a
-  per-channel tensor at build time (e.g. to NCHWc blocks) but keeps its position.
-- `bias` and `residual_add` take an optional `beta` attribute: `y + beta * t` (ONNX Gemm's beta).
-
-Codegen: `emit(b, ops, acc, load)` transforms the accumulator `acc` (a float vector or scalar);
+`emit(b, ops, acc, load)` transforms the accumulator `acc` (a float vector or scalar);
 `load(slot)` must return epilogue tensor number `slot` (its position among the epilogue tensors)
 at the accumulator's position, with `acc`'s type: a vector load along the vectorised channel
 axis, a splat of one per-channel scalar when channels are not the vectorised axis, or a
@@ -30,141 +14,23 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 
-import numpy as np
 from llvmlite import ir
 
-from schemas.task import EpilogueOp, TensorSpec
+from schemas.task import EpilogueOp
 from stages.codegen.irb import I32, call_math, fconst, lanes_of
+from stages.graph.epilogue import operands, param
 
-ROLES: dict[str, tuple[str, ...]] = {
-    "bias": ("bias",), "scale_shift": ("scale", "shift"), "residual_add": ("residual",),
-}
-DEFAULTS: dict[str, dict[str, float]] = {
-    "swish": {"alpha": 1.0}, "hard_sigmoid": {"alpha": 0.2, "beta": 0.5},
-    "hard_swish": {"alpha": 1 / 6, "beta": 0.5},
-}
-
-
-@dataclass(frozen=True)
-class Operand:
-    """One epilogue tensor: which op reads it, in what role, and whether it is per channel."""
-
-    op_index: int
-    role: str
-
-    @property
-    def per_channel(self) -> bool:
-        return self.role != "residual"
-
-
-def operands(ops: Sequence[EpilogueOp]) -> tuple[Operand, ...]:
-    """The epilogue tensors of a chain, in slot order."""
-    return tuple(Operand(i, role) for i, op in enumerate(ops) for role in ROLES.get(op.kind, ()))
-
-
-def operand_specs(ops: Sequence[EpilogueOp], out_shape: tuple[int, ...], channel_axis: int) -> tuple[TensorSpec, ...]:
-    """The `TuningTask.inputs` entries the chain adds after the anchor op's inputs."""
-    channels = out_shape[channel_axis]
-    return tuple(TensorSpec(shape=(channels,) if o.per_channel else out_shape) for o in operands(ops))
-
-
-def make_operands(ops: Sequence[EpilogueOp], out_shape: tuple[int, ...], channel_axis: int,
-                  rng: np.random.Generator) -> list[np.ndarray]:
-    """Random epilogue tensors (scales kept positive and near 1 so chains stay well-conditioned)."""
-    out = []
-    for spec, o in zip(operand_specs(ops, out_shape, channel_axis), operands(ops), strict=True):
-        lo, hi = (0.5, 1.5) if o.role == "scale" else (-1.0, 1.0)
-        out.append(rng.uniform(lo, hi, size=spec.shape).astype(np.float32))
-    return out
-
-
-def param(kind: str, attrs: dict[str, float], name: str) -> float:
-    """Attribute `name` of an op of `kind`, or its default."""
-    return attrs.get(name, DEFAULTS[kind][name])
-
-
-def validate(ops: Sequence[EpilogueOp]) -> None:
-    """Raise ValueError for attributes an op does not take or values it cannot use."""
-    allowed = {"clip": {"min", "max"}, "leaky_relu": {"alpha"}, "bias": {"beta"}, "residual_add": {"beta"},
-               **{kind: set(d) for kind, d in DEFAULTS.items()}}
-    for op in ops:
-        extra = sorted(set(op.attrs) - allowed.get(op.kind, set()))
-        if extra:
-            raise ValueError(f"epilogue {op.kind!r} does not take attribute(s) {extra}")
-        if op.kind == "clip" and op.attrs.get("min", -math.inf) > op.attrs.get("max", math.inf):
-            raise ValueError(f"clip min {op.attrs['min']} exceeds max {op.attrs['max']}")
-
-
-# ---- numpy reference -------------------------------------------------------------------------
-
-def apply_reference(ops: Sequence[EpilogueOp], y: np.ndarray, tensors: Sequence[np.ndarray],
-                    channel_axis: int = -1) -> np.ndarray:
-    """The chain applied to `y` in float64 (per-channel tensors broadcast along `channel_axis`)."""
-    y = y.astype(np.float64)
-    axis = channel_axis % y.ndim
-    shape = [1] * y.ndim
-    shape[axis] = y.shape[axis]
-    slot = iter(range(len(tensors)))
-
-    def take(per_channel: bool) -> np.ndarray:
-        t = np.asarray(tensors[next(slot)], dtype=np.float64)
-        return t.reshape(shape) if per_channel else t
-
-    for op in ops:
-        a = op.attrs
-        if op.kind == "bias":
-            y = y + a.get("beta", 1.0) * take(True)
-        elif op.kind == "scale_shift":
-            scale = take(True)
-            y = y * scale + take(True)
-        elif op.kind == "residual_add":
-            y = y + a.get("beta", 1.0) * take(False)
-        elif op.kind == "relu":
-            y = np.maximum(y, 0.0)
-        elif op.kind == "clip":
-            y = np.clip(y, a.get("min", -np.inf), a.get("max", np.inf))
-        elif op.kind == "leaky_relu":
-            y = np.where(y > 0, y, a.get("alpha", 0.01) * y)
-        elif op.kind == "sigmoid":
-            y = 1.0 / (1.0 + np.exp(-y))
-        elif op.kind == "tanh":
-            y = np.tanh(y)
-        elif op.kind == "gelu":
-            y = 0.5 * y * (1.0 + _erf(y / math.sqrt(2.0)))
-        elif op.kind == "gelu_tanh":
-            y = 0.5 * y * (1.0 + np.tanh(math.sqrt(2.0 / math.pi) * (y + 0.044715 * y ** 3)))
-        elif op.kind == "swish":
-            y = 0.5 * y * (1.0 + np.tanh(0.5 * param(op.kind, a, "alpha") * y))
-        elif op.kind in ("hard_sigmoid", "hard_swish"):
-            h = np.clip(param(op.kind, a, "alpha") * y + param(op.kind, a, "beta"), 0.0, 1.0)
-            y = h if op.kind == "hard_sigmoid" else y * h
-        else:
-            raise ValueError(f"no reference for epilogue op {op.kind!r}")
-    return y.astype(np.float32)
-
-
-_np_erf = np.vectorize(math.erf, otypes=[np.float64])
-
-
-def _erf(x: np.ndarray) -> np.ndarray:
-    return _np_erf(x) if x.size else x
-
-
-# ---- codegen ---------------------------------------------------------------------------------
 
 def emit(b: ir.IRBuilder, ops: Sequence[EpilogueOp], acc: ir.Value, load: Callable[[int], ir.Value]) -> ir.Value:
     """`acc` after the chain; `load(slot)` gives epilogue tensor `slot` at `acc`'s position."""
-    slot = 0
-    for op in ops:
-        n = len(ROLES.get(op.kind, ()))
+    slots = operands(ops)
+    for i, op in enumerate(ops):
         try:
             rule = _RULES[op.kind]
         except KeyError:
             raise ValueError(f"no code generator for epilogue op {op.kind!r}") from None
-        acc = rule(b, acc, op.attrs, [load(slot + i) for i in range(n)])
-        slot += n
+        acc = rule(b, acc, op.attrs, [load(slot) for slot, o in enumerate(slots) if o.op_index == i])
     return acc
 
 
@@ -192,8 +58,9 @@ def _clip(b: ir.IRBuilder, x: ir.Value, a: dict[str, float]) -> ir.Value:
     return x
 
 
-def _exp(b: ir.IRBuilder, x: ir.Value) -> ir.Value:
-    """exp(x) for float32 (Cephes expf: range reduction by ln 2, degree-6 polynomial, 2^n by bits)."""
+def exp_f32(b: ir.IRBuilder, x: ir.Value) -> ir.Value:
+    """exp(x) for float32 (Cephes expf: range reduction by ln 2, degree-6 polynomial, 2^n by bits);
+    vectorisable, so the generated softmax uses it too."""
     ty = x.type
 
     def c(v: float) -> ir.Value:
@@ -221,13 +88,13 @@ def _iconst(ty: ir.Type, v: int) -> ir.Constant:
 
 def _sigmoid(b: ir.IRBuilder, x: ir.Value) -> ir.Value:
     one = fconst(x.type, 1.0)
-    return b.fdiv(one, b.fadd(one, _exp(b, b.fneg(x))))
+    return b.fdiv(one, b.fadd(one, exp_f32(b, b.fneg(x))))
 
 
 def _tanh(b: ir.IRBuilder, x: ir.Value) -> ir.Value:
     """sign(x) * (1 - e) / (1 + e) with e = exp(-2|x|): no overflow, ~1e-7 absolute error."""
     one = fconst(x.type, 1.0)
-    e = _exp(b, b.fmul(call_math(b, "llvm.fabs", x), fconst(x.type, -2.0)))
+    e = exp_f32(b, b.fmul(call_math(b, "llvm.fabs", x), fconst(x.type, -2.0)))
     t = b.fdiv(b.fsub(one, e), b.fadd(one, e))
     return call_math(b, "llvm.copysign", t, x)
 
@@ -246,7 +113,7 @@ def _gelu(b: ir.IRBuilder, x: ir.Value) -> ir.Value:
     for k in (-1.453152027, 1.421413741, -0.284496736, 0.254829592):
         p = call_math(b, "llvm.fma", p, t, c(k))
     p = b.fmul(p, t)
-    erf = b.fsub(c(1.0), b.fmul(p, _exp(b, b.fneg(b.fmul(az, az)))))
+    erf = b.fsub(c(1.0), b.fmul(p, exp_f32(b, b.fneg(b.fmul(az, az)))))
     erf = call_math(b, "llvm.copysign", erf, z)
     return b.fmul(b.fmul(x, c(0.5)), b.fadd(c(1.0), erf))
 

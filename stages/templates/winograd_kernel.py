@@ -44,6 +44,7 @@ from stages.codegen.irb import (
     vec,
 )
 from stages.codegen.parallel import body_args, emit_main, emit_phases, range_body
+from stages.graph.epilogue import operands
 from stages.templates import epilogue
 from stages.templates.conv2d_shape import ConvGeom
 
@@ -140,7 +141,7 @@ class WinoPlan:
 
 def build(mod: ir.Module, p: WinoPlan, ops: tuple[EpilogueOp, ...], threads: int) -> ir.Function:
     """`tf_main(ptr args)`; args are `[X, U, *epilogue, (workspace), Y]`."""
-    n_epi = len(epilogue.operands(ops))
+    n_epi = len(operands(ops))
     items = p.g.n * p.row_items * (1 if p.pack == "item" else p.col_groups)
     tiles = emit_main(mod, _Tiles(p, ops, n_epi).emit(mod), items, threads, name="tf_wtiles")
     if p.pack == "item":
@@ -264,7 +265,7 @@ def _prefix(b: ir.IRBuilder, valid: ir.Value, lanes: int, ok: ir.Value) -> ir.Va
 class _Tiles:
     def __init__(self, p: WinoPlan, ops: tuple[EpilogueOp, ...], n_epi: int):
         self.p, self.ops, self.n_epi = p, ops, n_epi
-        self.slots = epilogue.operands(ops)
+        self.slots = operands(ops)
 
     def emit(self, mod: ir.Module) -> ir.Function:
         p, L = self.p, self.p.lanes

@@ -27,9 +27,10 @@ from schemas.errors import UnsupportedOpsError
 from stages.build.library import BuildError, build_library
 from stages.extract import load_model
 from stages.graph.passes import optimize
+from stages.graph.twins import alternatives
 from stages.log import TuningLog
 from stages.runtime import load
-from stages.templates import TEMPLATES, alternatives, template_for
+from stages.templates import TEMPLATES, template_for
 from support.fuzz_graphs import Case, make_case
 
 RTOL = 1e-3
