@@ -47,20 +47,18 @@ def faulty_session(trials: int, rate: float, seed: int, log_dir: Path) -> dict:
     from schemas.record import REMEASURE
     from stages.build.apply_best import choose
     from stages.log import TuningLog
-    from stages.measure.builder import Builder
     from stages.measure.inject import EXPECTED, fault_for
     from stages.measure.runner import LocalRunner
-    from stages.tune.session import TuningSession, drive
+    from stages.tune.loop import tune_task
 
     task, target = matmul_task(48, 64, 32), Target.host()
     measure_opts = MeasureOptions(number=1, repeat=3, min_repeat_ms=2, timeout=1.0, memory_limit_mb=512,
                                   fault_rate=rate, fault_seed=seed)
     options = TuningOptions(n_trials=trials, batch_size=16, measure=measure_opts, seed=seed)
     log = TuningLog(log_dir / "faulty")
-    session = TuningSession(task, target, options, log)
     start = time.perf_counter()
-    with Builder.for_options(measure_opts) as builder, LocalRunner(measure_opts) as runner:
-        drive(session, builder, runner)
+    with LocalRunner(measure_opts) as runner:
+        summary = tune_task(task, target, options, log, runner=runner)
         restarts = runner.restarts
     records = log.records()
     trial_recs = [r for r in records if r.tuner != REMEASURE]
@@ -69,7 +67,6 @@ def faulty_session(trials: int, rate: float, seed: int, log_dir: Path) -> dict:
     right = [r for r in faulty if r.result.error_no == EXPECTED[kinds[r.config.index]]]
     clean_errors = Counter(r.result.error_no.name for r in trial_recs if not kinds[r.config.index]
                            and r.result.error_no != MeasureErrorNo.no_error)
-    summary = session.summary()
     chosen = choose([task], log, target, measure_opts.threads)[task.signature]
     wrongly = [what for what, rec in (("session best", summary.best), ("applied best", chosen.record))
                if rec is not None and kinds.get(rec.config.index)]
@@ -141,7 +138,7 @@ def rpc_kills(trials: int, tmp: Path) -> dict:
     from schemas.options import RunnerSpec
     from schemas.record import REMEASURE
     from stages.log import TuningLog
-    from stages.tune.session import run_session
+    from stages.tune.loop import tune_task
 
     (tmp / "token").write_text(TOKEN)
     cluster = Cluster(tmp, TOKEN)
@@ -173,7 +170,7 @@ def rpc_kills(trials: int, tmp: Path) -> dict:
         cluster.start("agent0", "agent1")
         start = time.perf_counter()
         thread.start()
-        summary = run_session(matmul_task(32, 48, 64), Target.host(), options, log)
+        summary = tune_task(matmul_task(32, 48, 64), Target.host(), options, log)
         thread.join(60)
         final = cluster.devices(2)
     records = [r for r in log.records() if r.tuner != REMEASURE]

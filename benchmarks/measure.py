@@ -18,7 +18,6 @@ import contextlib
 import ctypes
 import os
 import secrets
-import socket
 import statistics
 import subprocess
 import sys
@@ -40,7 +39,8 @@ from stages.log import TuningLog  # noqa: E402
 from stages.measure.builder import build_one  # noqa: E402
 from stages.measure.runner import LocalRunner  # noqa: E402
 from stages.templates import matmul  # noqa: E402
-from stages.tune.session import run_session_with_default  # noqa: E402
+from stages.tune.loop import default_record, tune_task  # noqa: E402
+from testing.cluster import Cluster  # noqa: E402
 
 TASK = matmul_task(512, 512, 512)
 COMMAND = "flock /tmp/bench.lock .venv/bin/python benchmarks/measure.py"
@@ -124,8 +124,9 @@ def noise(target: Target, threads: int, n: int) -> dict:
 def session(target: Target, options: TuningOptions) -> dict:
     with tempfile.TemporaryDirectory() as tmp:
         start = time.perf_counter()
-        summary, default = run_session_with_default(TASK, target, options, TuningLog(tmp))
+        summary = tune_task(TASK, target, options, TuningLog(tmp))
         wall = time.perf_counter() - start
+        default = default_record(TuningLog(tmp), TASK, target, options.measure.threads).result
         records = TuningLog(tmp).records()
     trials = [r for r in records if r.tuner != "remeasure"]
     loop_s = (max(r.result.timestamp for r in trials) - default.timestamp).total_seconds()
@@ -136,47 +137,17 @@ def session(target: Target, options: TuningOptions) -> dict:
             "default_ok": default.ok}
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @contextlib.contextmanager
 def loopback_device():
     """A tracker and one agent on 127.0.0.1; yields the RunnerSpec that reaches them."""
-    port = free_port()
-    env = {**os.environ, "TUNAFLOW_RPC_TOKEN": secrets.token_hex(16)}
-    cmd = [sys.executable, "-m", "tunaflow"]
-    procs = [subprocess.Popen([*cmd, "tracker", "serve", "--port", str(port)], cwd=ROOT, env=env,
-                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)]
-    try:
-        procs.append(subprocess.Popen([*cmd, "runner", "serve", "--tracker", f"127.0.0.1:{port}", "--key", "bench"],
-                                      cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
-        os.environ["TUNAFLOW_RPC_TOKEN"] = env["TUNAFLOW_RPC_TOKEN"]
-        from stages.rpc.client import TrackerClient, TrackerError
-
-        client = TrackerClient(f"http://127.0.0.1:{port}", env["TUNAFLOW_RPC_TOKEN"])
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                if any(k.devices for k in client.status().keys):
-                    break
-            except TrackerError:
-                pass
-            if time.monotonic() > deadline:
-                raise RuntimeError("agent did not register")
-            time.sleep(0.2)
+    token = secrets.token_hex(16)
+    with tempfile.TemporaryDirectory() as tmp, Cluster(Path(tmp), token, agent_timeout=5.0) as cluster:
+        cluster.start_tracker()
+        cluster.start_agent("agent0", key="bench")
+        cluster.devices(1)
+        os.environ["TUNAFLOW_RPC_TOKEN"] = token
         time.sleep(2.0)  # let the agent's worker finish starting before the clock runs
-        yield RunnerSpec(kind="rpc", key="bench", port=port)
-    finally:
-        for p in procs:
-            p.send_signal(2)
-        for p in procs:
-            try:
-                p.wait(10)
-            except subprocess.TimeoutExpired:
-                p.kill()
+        yield RunnerSpec(kind="rpc", key="bench", port=cluster.port)
 
 
 def main() -> None:

@@ -44,7 +44,7 @@ from stages.runtime.compare import (  # noqa: E402
     random_feeds,
     ratio_quartiles,
 )
-from stages.tune.model import tunable, tune_tasks  # noqa: E402
+from stages.tune.loop import tunable, tune_tasks  # noqa: E402
 from testing.backend_cases import discover  # noqa: E402
 from testing.conformance import check_case  # noqa: E402
 

@@ -37,8 +37,7 @@ def main() -> None:
 
     from flows.tune_op import tune_op
     from schemas import Target, TuningOptions, matmul_task
-    from stages.log import TuningLog
-    from stages.tune.session import run_session_with_default
+    from stages.pipeline.op import tune_op as direct_tune_op
 
     task = matmul_task(args.m, args.m, args.m)
     target = Target.host()
@@ -46,16 +45,16 @@ def main() -> None:
     tmp = Path(tempfile.mkdtemp(prefix="tunaflow-orch-"))
 
     start = time.perf_counter()
-    tune_op(task, "host", options.model_copy(update={"n_trials": 2}), str(tmp / "warmup"), progress=False)
+    tune_op(task, target, options.model_copy(update={"n_trials": 2}), str(tmp / "warmup"), progress=False)
     startup = time.perf_counter() - start
 
     direct, flow = [], []
     for i in range(args.rounds):
         t0 = time.perf_counter()
-        run_session_with_default(task, target, options, TuningLog(tmp / f"direct{i}"))
+        direct_tune_op(task, target, options, tmp / f"direct{i}")
         direct.append(time.perf_counter() - t0)
         t0 = time.perf_counter()
-        tune_op(task, "host", options, str(tmp / f"flow{i}"), progress=False)
+        tune_op(task, target, options, str(tmp / f"flow{i}"), progress=False)
         flow.append(time.perf_counter() - t0)
         print(f"round {i + 1}: direct {direct[-1]:.1f} s, flow {flow[-1]:.1f} s", flush=True)
 

@@ -84,12 +84,12 @@ def tune_tunaflow(task, budget: int, threads: int, timeout_s: float, work: Path)
     """Tune from scratch (empty log), then export the best config as WORK/lib.so + its packed arguments."""
     from schemas import MeasureOptions, Target, TuningOptions
     from stages.log import TuningLog
-    from stages.tune.session import run_session
+    from stages.tune.loop import tune_task
 
     target = Target.host()
     options = TuningOptions(n_trials=budget, timeout_s=timeout_s, measure=MeasureOptions(threads=threads))
     start = time.perf_counter()
-    summary = run_session(task, target, options, TuningLog(work / "log"))
+    summary = tune_task(task, target, options, TuningLog(work / "log"))
     wall = time.perf_counter() - start
     out = {"wall_s": wall, "trials": summary.trials, "errors": summary.errors, "tuner": options.tuner,
            "tuning_best_gflops": summary.best_gflops}
@@ -207,7 +207,7 @@ def run_e2e(model: str, threads: int, trials: int, args, root: Path) -> dict:
     from stages.log import TuningLog
     from stages.runtime import load
     from stages.runtime.compare import compare, max_rel_error, onnxruntime_runner, random_feeds
-    from stages.tune.model import tunable, tune_tasks
+    from stages.tune.loop import tunable, tune_tasks
 
     path = MODELS / f"{model}.onnx"
     work = root / f"e2e-{model}-{threads}t"

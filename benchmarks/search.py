@@ -44,7 +44,7 @@ def record(name: str, n: int, seed: int, until: str | None = None) -> None:
     stopping early at `until` (HH:MM, UTC) if given."""
     from schemas import MeasureOptions, Target, TuningOptions
     from stages.log import TuningLog
-    from stages.tune.session import run_session
+    from stages.tune.loop import tune_task
 
     task = sample_task(name)
     measure = MeasureOptions(number=1, repeat=3, min_repeat_ms=5.0, timeout=5.0, threads=1)
@@ -57,7 +57,7 @@ def record(name: str, n: int, seed: int, until: str | None = None) -> None:
             print(json.dumps({"sample": name, "skipped": f"past {until} UTC"}))
             return
     options = TuningOptions(n_trials=n, batch_size=32, tuner="random", seed=seed, measure=measure, timeout_s=timeout)
-    summary = run_session(task, Target.host(), options, TuningLog(SAMPLES / name))
+    summary = tune_task(task, Target.host(), options, TuningLog(SAMPLES / name))
     print(json.dumps({"sample": name, "trials": summary.trials, "new": summary.new_trials,
                       "wall_s": round(summary.wall_s, 1), "best_gflops": round(summary.best_gflops, 1),
                       "errors": summary.errors}))
@@ -236,8 +236,9 @@ def real_section(trials: int) -> list[str]:
     from schemas import MeasureOptions, Target, TuningOptions
     from stages.log import TuningLog
     from stages.measure.builder import Builder
+    from stages.templates import template_for
     from stages.tune.runners import make_runner
-    from stages.tune.session import TuningSession, measure, measure_default_config
+    from stages.tune.session import TuningSession, measure
 
     task = sample_task("matmul_512")
     target = Target.host()
@@ -248,7 +249,7 @@ def real_section(trials: int) -> list[str]:
         with tempfile.TemporaryDirectory() as tmp, Builder.for_options(options.measure) as builder, \
                 make_runner(options.runner, options.measure) as runner:
             session = TuningSession(task, target, options, TuningLog(tmp))
-            default = measure_default_config(builder, runner, task, target)
+            default = measure(builder, runner, task, [template_for(task).default_config(task, target)], target)[0]
             while not session.done and (configs := session.propose()):
                 session.record(configs, measure(builder, runner, task, configs, target))
             summary = session.summary()

@@ -39,7 +39,7 @@ from stages.graph.tasks import extract_tasks  # noqa: E402
 from stages.log import TuningLog  # noqa: E402
 from stages.runtime import load  # noqa: E402
 from stages.runtime.compare import compare, onnxruntime_runner, paired_ratio, random_feeds  # noqa: E402
-from stages.tune.model import tunable  # noqa: E402
+from stages.tune.loop import tunable  # noqa: E402
 
 ZOO = ROOT / "data" / "zoo"
 MODELS = ("resnet50", "mobilenet_v2", "efficientnet_b0", "densenet121", "inception_v3")

@@ -19,6 +19,7 @@ from pathlib import Path
 
 from attacks import Outcome
 from testing.cli import QUIET, tunaflow
+from testing.cluster import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
 GROUP = 9
@@ -172,19 +173,17 @@ def tracker_outage(work: Path) -> Outcome:
     """A batch measured through a tracker nobody answers for (real RPC runner, closed port) becomes
     `unknown` errors; a rerun with the local runner must measure those very configs and count only
     its own trials."""
-    import socket
 
     import stages.rpc.client as rpc_client
     from schemas import MeasureErrorNo, MeasureOptions, Target, TuningOptions, matmul_task
     from schemas.options import RunnerSpec
     from stages.log import TuningLog
     from stages.measure.builder import Builder
+    from stages.tune.loop import tune_task
     from stages.tune.runners import make_runner
-    from stages.tune.session import TuningSession, measure, run_session
+    from stages.tune.session import TuningSession, measure
 
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     token = work / "token"
     work.mkdir(parents=True)
     token.write_text("t" * 64)
@@ -205,7 +204,7 @@ def tracker_outage(work: Path) -> Outcome:
         if patience is not None:
             rpc_client.UNREACHABLE_S = patience
     unknown = sum(r.result.error_no == MeasureErrorNo.unknown for r in log.records())
-    summary = run_session(task, host, options.model_copy(update={"tuner": "lgbm", "seed": 1}), log)
+    summary = tune_task(task, host, options.model_copy(update={"tuner": "lgbm", "seed": 1}), log)
     remeasured = {r.config.index for r in log.records() if r.result.error_no != MeasureErrorNo.unknown}
     again = {c.index for c in lost} == remeasured
     held = unknown == len(lost) and summary.new_trials == len(lost) and summary.trials == len(lost) and again

@@ -16,6 +16,7 @@ nothing else differs between the two.
 
 from __future__ import annotations
 
+import contextlib
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -76,16 +77,18 @@ def alternative_groups(tasks: list[TuningTask]) -> list[int]:
 def tune_tasks(tasks: list[TuningTask], weights: list[int], target: Target, options: TuningOptions, log: TuningLog,
                budget: int | None = None, scheduler: str = "gradient",
                observers: Callable[[TuningTask], list[Observer]] | None = None,
-               steps: Steps = DIRECT) -> list[SessionSummary]:
+               steps: Steps = DIRECT, runner: Runner | None = None) -> list[SessionSummary]:
     """Summaries in task order once `budget` trials (log included; default `options.n_trials`) are spent,
-    every space ran out, or every session stopped early (`early_stopping`, `timeout_s`)."""
+    every space ran out, or every session stopped early (`early_stopping`, `timeout_s`). `runner`: one the
+    caller keeps open across calls (default: one made from `options.runner` and closed at the end)."""
     budget = options.n_trials if budget is None else budget
     per_task = options.model_copy(update={"n_trials": budget})
     sessions: list[TuningSession] = []
     try:
         for t in tasks:
             sessions.append(TuningSession(t, target, per_task, log, observers(t) if observers else None))
-        _drive(sessions, weights, target, options, budget, scheduler, steps, alternative_groups(tasks))
+        with contextlib.nullcontext(runner) if runner else make_runner(options.runner, options.measure) as live:
+            _drive(sessions, weights, target, options, budget, scheduler, steps, alternative_groups(tasks), live)
     finally:
         for s in sessions:
             s.close()
@@ -93,9 +96,9 @@ def tune_tasks(tasks: list[TuningTask], weights: list[int], target: Target, opti
 
 
 def _drive(sessions: list[TuningSession], weights: list[int], target: Target, options: TuningOptions, budget: int,
-           scheduler: str, steps: Steps, groups: list[int]) -> None:
+           scheduler: str, steps: Steps, groups: list[int], runner: Runner) -> None:
     remaining = budget - sum(s.trials for s in sessions)
-    with Builder.for_options(options.measure) as builder, make_runner(options.runner, options.measure) as runner:
+    with Builder.for_options(options.measure) as builder:
 
         def measure_and_record(s: TuningSession, configs: list[Config]) -> tuple[int, float]:
             builds = steps.build(builder, s.task, configs, target, options.measure.threads)
@@ -131,9 +134,11 @@ def _drive(sessions: list[TuningSession], weights: list[int], target: Target, op
 
 
 def tune_task(task: TuningTask, target: Target, options: TuningOptions, log: TuningLog,
-              observers: list[Observer] | None = None, steps: Steps = DIRECT) -> SessionSummary:
+              observers: list[Observer] | None = None, steps: Steps = DIRECT,
+              runner: Runner | None = None) -> SessionSummary:
     """One task until the log holds `options.n_trials` trials of it (the loop above, with one task)."""
-    return tune_tasks([task], [1], target, options, log, observers=(lambda _: observers or []), steps=steps)[0]
+    return tune_tasks([task], [1], target, options, log, observers=(lambda _: observers or []), steps=steps,
+                      runner=runner)[0]
 
 
 def default_record(log: TuningLog, task: TuningTask, target: Target, threads: int) -> TuningRecord | None:

@@ -1,7 +1,7 @@
 """The tuning loop for one task, outside any search policy: budget, resume, log, observers.
 
-`TuningSession` is driven step by step (propose → build → measure → record) so the Prefect
-flow can make each step a task run, and `run_session` drives it directly. A session holds its
+`TuningSession` is driven step by step (propose → build → measure → record) by the one tuning loop,
+`stages/tune/loop.py`, which a Prefect flow hands its task-run versions of each step. A session holds its
 log's writer lock from its start (before it reads what the budget counts) until `close()` or
 until it is garbage, so two sessions on one log cannot both spend the budget. Records of
 `unknown` errors (the measuring infrastructure failed, e.g. a tracker outage) say nothing about
@@ -32,7 +32,6 @@ from stages.measure.remeasure import remeasure, top_k
 from stages.search import make_tuner
 from stages.search.base import TunerContext
 from stages.templates import template_for
-from stages.tune.runners import make_runner
 from stages.tune.transfer import load_transfer
 
 
@@ -212,12 +211,6 @@ def measure(builder: Builder, runner: Runner, task: TuningTask, configs: list[Co
     return runner.run(builds)
 
 
-def measure_default_config(builder: Builder, runner: Runner, task: TuningTask, target: Target) -> MeasureResult:
-    """The untuned default schedule's measurement: what every speed-up is relative to."""
-    config = template_for(task).default_config(task, target)
-    return measure(builder, runner, task, [config], target)[0]
-
-
 def remeasure_top(session: TuningSession, builder: Builder, runner: Runner) -> list[TuningRecord]:
     """Re-measure the top-k configs (k = options.top_k_remeasure) and choose the best from that; a session
     that measured nothing new has nothing to re-decide."""
@@ -227,30 +220,3 @@ def remeasure_top(session: TuningSession, builder: Builder, runner: Runner) -> l
     if not configs:
         return []
     return session.record_remeasurement(configs, remeasure(builder, runner, session.task, session.target, configs))
-
-
-def run_session(task: TuningTask, target: Target, options: TuningOptions, log: TuningLog,
-                observers: list[Observer] | None = None) -> SessionSummary:
-    """Tune one task directly (no orchestrator)."""
-    return run_session_with_default(task, target, options, log, observers)[0]
-
-
-def run_session_with_default(task: TuningTask, target: Target, options: TuningOptions, log: TuningLog,
-                             observers: list[Observer] | None = None) -> tuple[SessionSummary, MeasureResult]:
-    """Tune one task directly and measure its default schedule with the same builder and runner."""
-    with TuningSession(task, target, options, log, observers) as session, \
-            Builder.for_options(options.measure) as builder, \
-            make_runner(options.runner, options.measure) as runner:
-        default = measure_default_config(builder, runner, task, target)
-        drive(session, builder, runner)
-    return session.summary(), default
-
-
-def drive(session: TuningSession, builder: Builder, runner: Runner) -> None:
-    """Propose, measure and record until the session is done, then re-measure its top-k."""
-    while not session.done:
-        configs = session.propose()
-        if not configs:
-            break
-        session.record(configs, measure(builder, runner, session.task, configs, session.target))
-    remeasure_top(session, builder, runner)
