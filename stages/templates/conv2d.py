@@ -17,8 +17,9 @@ from schemas.config import Config
 from schemas.target import Target
 from schemas.task import TuningTask, parse_epilogue
 from stages.codegen.harness import add_harness
-from stages.templates import epilogue
-from stages.templates.conv2d_kernel import Plan, build
+from stages.graph import epilogue
+from stages.templates.conv2d_kernel import build
+from stages.templates.conv2d_plan import Plan
 from stages.templates.conv2d_shape import conv2d_task, geom, parse_pads, parse_pair
 from stages.templates.conv2d_shape import reference as _reference
 from stages.templates.space import ConfigSpace, Knob, Knobs, first_valid
