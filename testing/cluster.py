@@ -20,9 +20,7 @@ from pathlib import Path
 from schemas.options import MeasureOptions
 from schemas.rpc import TrackerStatus
 from stages.rpc.client import RPCRunner, TrackerClient, TrackerError
-from testing.cli import tunaflow
-
-ROOT = Path(__file__).resolve().parents[1]
+from testing.cli import ROOT, tunaflow
 
 
 def free_port() -> int:

@@ -9,14 +9,13 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+from testing.cli import QUIET, ROOT
 
 
 def listening(timeout: float = 180) -> tuple[subprocess.CompletedProcess, list[tuple[str, int]]]:
     """The child's process result and the (ip, port) pairs it found."""
-    env = {**os.environ, "DO_NOT_TRACK": "1", "PREFECT_SERVER_ANALYTICS_ENABLED": "false"}
+    env = {**os.environ, **QUIET}
     r = subprocess.run([sys.executable, "-m", "testing.dask_ports"], cwd=ROOT, capture_output=True, text=True,
                        timeout=timeout, env=env)
     return r, [(ip, int(port)) for ip, port in (line.split() for line in r.stdout.splitlines())]
