@@ -107,7 +107,7 @@ def test_progress_counts_toward_its_share_before_the_budget_is_spent():
     with ModelProgress(two_tasks(), budget=8, console=console) as view:
         view.observer(A)(event(A, 1, 10.0, 10.0))
     overall, a, b = Screen(WIDTH).feed(stream.getvalue()).lines
-    assert " 1/8 " in overall and "(1 of 2 ops measured)" in overall
+    assert " 1/8 " in overall and "kernels 0.105 ms (1 of 2 ops)" in overall
     assert " 1/4 " in a and " 0/4 " in b
 
 
@@ -141,3 +141,22 @@ def test_eta_comes_from_the_rate_measured_so_far():
     assert RateEta().render(progress.tasks[row]).plain == "eta -:--:--"
     plain = progress.add_task("per task", total=4)
     assert RateEta().render(progress.tasks[plain]).plain == ""
+
+
+def test_the_display_fits_a_narrow_terminal_and_keeps_names_whole_on_a_wide_one():
+    long = matmul_task(1024, 1024, 1024)  # matmul(1024x1024,1024x1024): 25 characters
+    for width, whole in ((80, False), (WIDTH, True)):
+        stream = io.StringIO()
+        console = Console(file=stream, force_terminal=True, width=width, height=40)
+        with ModelProgress([ExtractedTask(long, 1, ("n",))], budget=960, console=console) as view:
+            view.observer(long)(event(long, 1, 10.0, 10.0))
+        overall, row = Screen(width).feed(stream.getvalue()).lines
+        assert len(row) <= width and " 1/960 " in overall and "━" in row and "best    10.0 GFLOPS" in row, row
+        assert row.startswith(long.description) == whole, row
+        stream = io.StringIO()
+        console = Console(file=stream, force_terminal=True, width=width, height=40)
+        with TerminalProgress(long.description, 64, console=console) as bar:
+            bar(event(long, 1, 10.0, 10.0, 64))
+        (line,) = Screen(width).feed(stream.getvalue()).lines
+        assert len(line) <= width and " 1/64 " in line and "━" in line and "eta " in line, line
+        assert line.startswith(long.description) == whole, line

@@ -27,6 +27,7 @@ from rich.progress import (
     TextColumn,
     TimeElapsedColumn,
 )
+from rich.table import Column
 from rich.text import Text
 
 from schemas.task import TuningTask
@@ -85,19 +86,19 @@ class TerminalProgress(_LiveView):
     def __init__(self, description: str, total: int, console: Console | None = None, every: int = 8):
         super().__init__(console, every)
         self.description = description
-        self._progress = Progress(
-            TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
-            TextColumn("cur {task.fields[cur]:>7.1f} GFLOPS  best {task.fields[best]:>7.1f} GFLOPS"),
-            TimeElapsedColumn(), RateEta(), console=self.console,
-        ) if self.live else None
-        self._timed = (self._progress.add_task(escape(description), total=total, cur=0.0, best=0.0, new=0,
+        columns = [MofNCompleteColumn(table_column=_fixed()), TextColumn("{task.fields[stats]}", table_column=_fixed()),
+                   TimeElapsedColumn(table_column=_fixed()), RateEta(table_column=_fixed())]
+        width = len(f"{total}/{total}") + len(_stats(0.0, 0.0)) + len("0:00:00") + len("eta 0:00:00")
+        self._progress = Progress(*_fitted(self.console, [description], columns, width, "[bold]{task.description}"),
+                                  console=self.console) if self.live else None
+        self._timed = (self._progress.add_task(escape(description), total=total, stats=_stats(0.0, 0.0), new=0,
                                                since=self.since) if self._progress else None)
 
     def __call__(self, ev: TrialEvent) -> None:
         self.new += 1
         if self._progress is not None:
-            self._progress.update(self._timed, completed=ev.trial, total=ev.budget, cur=ev.gflops, best=ev.best_gflops,
-                                  new=self.new)
+            self._progress.update(self._timed, completed=ev.trial, total=ev.budget, new=self.new,
+                                  stats=_stats(ev.gflops, ev.best_gflops))
             return
         if ev.trial % self.every == 0 or ev.trial == ev.budget or not ev.result.ok:
             status = "ok" if ev.result.ok else ev.result.error_no.name
@@ -122,10 +123,11 @@ class ModelProgress(_LiveView):
         self.trials: dict[str, int] = dict.fromkeys(self.tasks, 0)
         self.best_s: dict[str, float] = {}  # per task signature, its fastest time so far
         self.share = math.ceil(budget / max(1, len(tasks)))
-        self._progress = Progress(
-            TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.fields[stats]}"),
-            RateEta(), console=self.console,
-        ) if self.live else None
+        columns = [MofNCompleteColumn(table_column=_fixed()), TextColumn("{task.fields[stats]}", table_column=_fixed()),
+                   RateEta(table_column=_fixed())]
+        width = len(f"{budget}/{budget}") + len(_stats(0.0, 0.0)) + len("eta 0:00:00")
+        self._progress = Progress(*_fitted(self.console, [t.task.description for t in tasks], columns, width),
+                                  console=self.console) if self.live else None
         self._rows: dict[str, TaskID] = {}
         self._timed = None
         if self._progress is not None:
@@ -151,7 +153,7 @@ class ModelProgress(_LiveView):
         ms = sum(w * s for w, s in fastest.values()) * 1e3
         text = f"kernels {ms:.3g} ms" if ms < 1000 else f"kernels {ms:.0f} ms"
         text = text if fastest else "kernels -"
-        return text if len(fastest) == len(ops) else f"{text} ({len(fastest)} of {len(ops)} ops measured)"
+        return text if len(fastest) == len(ops) else f"{text} ({len(fastest)} of {len(ops)} ops)"
 
     def observer(self, task: TuningTask) -> Observer:
         """The observer to hand the session of `task` (one of the view's tasks)."""
@@ -184,3 +186,18 @@ class ModelProgress(_LiveView):
 
 def _stats(cur: float, best: float) -> str:
     return f"cur {cur:>7.1f}  best {best:>7.1f} GFLOPS"
+
+
+
+def _fitted(console: Console, names: list[str], columns: list[ProgressColumn], width: int,
+            name_format: str = "{task.description}") -> list[ProgressColumn]:
+    """A name and a bar before `columns` (`width` cells in all), on one line of the console: the bar
+    gives way (down to 10 cells) before a name is cut short."""
+    room = console.width - width - len(columns) - 1  # a space between two columns
+    bar = max(10, min(40, room - max(map(len, names), default=0)))
+    name = Column(no_wrap=True, overflow="ellipsis", max_width=max(10, room - bar))
+    return [TextColumn(name_format, table_column=name), BarColumn(bar_width=bar), *columns]
+
+
+def _fixed() -> Column:
+    return Column(no_wrap=True)
