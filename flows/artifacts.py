@@ -4,11 +4,30 @@ from __future__ import annotations
 
 import base64
 import re
+from collections.abc import Callable
 from pathlib import Path
 
 from prefect.artifacts import create_markdown_artifact, create_progress_artifact, update_progress_artifact
+from prefect.runtime import flow_run
 
+from schemas.target import Target
 from stages.tune.session import TrialEvent
+
+
+def resolve_target(target: Target | str) -> Target:
+    """A flow's target: whole from the CLI; a preset name, 'host' or an LLVM target string from a deployment
+    or the UI (parsed once, here, so a preset keeps its cache sizes)."""
+    return Target.parse(target) if isinstance(target, str) else target
+
+
+def run_name(kind: str, what: str) -> Callable[[], str]:
+    """A flow run's name from its parameters (`what`: the op task's op or the model path) and target."""
+    def name() -> str:
+        params = flow_run.parameters
+        subject = params[what].op if kind == "tune-op" else Path(params[what]).name
+        target = params["target"]
+        return f"{kind} {subject} on {target if isinstance(target, str) else target.name}"
+    return name
 
 
 def artifact_key(*parts: str) -> str:

@@ -10,7 +10,7 @@ from pathlib import Path
 from prefect import flow
 from prefect.artifacts import create_markdown_artifact
 
-from flows.artifacts import ProgressArtifact, artifact_key, publish_chart, publish_results
+from flows.artifacts import ProgressArtifact, artifact_key, publish_chart, publish_results, resolve_target, run_name
 from flows.steps import STEPS
 from schemas.manifest import Manifest
 from schemas.options import ImportLimits, TuningOptions
@@ -22,13 +22,14 @@ from stages.pipeline import model as pipeline
 from stages.report.progress import ModelProgress
 
 
-@flow(name="tune-model", flow_run_name="tune-model {model} on {target.name}", log_prints=True)
-def tune_model(model: str, target: Target, options: TuningOptions, log_path: str, out: str,
+@flow(name="tune-model", flow_run_name=run_name("tune-model", "model"), log_prints=True)
+def tune_model(model: str, target: Target | str, options: TuningOptions, log_path: str, out: str,
                budget: int | None = None, input_shapes: dict[str, tuple[int, ...]] | None = None,
                charts_dir: str | None = None, scheduler: str = "gradient", compare_default: bool = True,
                default_out: str | None = None, progress: bool = False, verify: bool = True,
                limits: ImportLimits | None = None) -> ModelReport:
-    """`budget` trials (log included) over the tasks of `model`, then the library in `out`."""
+    """`budget` trials (log included; default 64 per task) over the tasks of `model`, then the library in `out`."""
+    target = resolve_target(target)
 
     @contextlib.contextmanager
     def view(tasks: list[ExtractedTask], total: int):

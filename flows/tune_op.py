@@ -7,7 +7,7 @@ from pathlib import Path
 
 from prefect import flow
 
-from flows.artifacts import ProgressArtifact, artifact_key, publish_chart, publish_results
+from flows.artifacts import ProgressArtifact, artifact_key, publish_chart, publish_results, resolve_target, run_name
 from flows.steps import DISTRIBUTED, STEPS
 from schemas.options import TuningOptions
 from schemas.report import OpReport
@@ -17,10 +17,11 @@ from stages.pipeline import op as pipeline
 from stages.report.progress import TerminalProgress
 
 
-@flow(name="tune-op", flow_run_name="tune-op {op.op} on {target.name}", log_prints=True)
-def tune_op(op: TuningTask, target: Target, options: TuningOptions, log_path: str, charts_dir: str | None = None,
+@flow(name="tune-op", flow_run_name=run_name("tune-op", "op"), log_prints=True)
+def tune_op(op: TuningTask, target: Target | str, options: TuningOptions, log_path: str, charts_dir: str | None = None,
             progress: bool = True, distributed_builds: bool = False) -> OpReport:
     """Tune `op` for `target` until the log holds `options.n_trials` trials for it."""
+    target = resolve_target(target)
     observers = [ProgressArtifact(artifact_key("progress", op.op, op.signature), f"{op.description} on {target.name}",
                                   options.batch_size)]
     with TerminalProgress(op.description, options.n_trials, every=options.batch_size) as bar:
