@@ -162,11 +162,6 @@ def featurize(task: TuningTask, target: Target, threads: int, values: Columns) -
     return np.column_stack([np.asarray(c, dtype=np.float64) for c in cols.values()]).astype(np.float32)
 
 
-def feature_names(task: TuningTask, target: Target, threads: int, values: Columns) -> list[str]:
-    fn = FEATURES.get(task.op, generic_features)
-    return list(fn(task, target, threads, {k: _column(c)[:1] for k, c in values.items()}))
-
-
 def _column(c) -> np.ndarray:
     arr = np.asarray(c)
     return arr if arr.dtype == object else arr.astype(np.float64)
