@@ -46,6 +46,7 @@ from stages.codegen.irb import (
     vec,
 )
 from stages.codegen.parallel import emit_main
+from stages.graph.epilogue import operands
 from stages.templates import epilogue
 
 PACK_A_LIMIT = 1 << 20  # bytes of stack scratch per thread for a packed A block
@@ -135,7 +136,7 @@ class _Gen:
         self.ib_count = -(-self.tiles // s.mc)
         self.jb_count = -(-self.panels // s.nc)
         self.kb_count = -(-spec.k // s.kc)
-        self.n_epi = len(epilogue.operands(spec.epilogue))
+        self.n_epi = len(operands(spec.epilogue))
         # A element (row i, reduction k) lives at i * ars + k * aks
         self.ars, self.aks = (1, spec.m) if spec.a_trans else (spec.k, 1)
 
@@ -312,7 +313,7 @@ class _Gen:
         g, nv, vw = self.g, self.s.nv, self.s.vw
         for idx, v in enumerate(accs):
             b.store(v, b.gep(tile, [ir.Constant(I32, 0), ir.Constant(I32, idx)]))
-        slots = epilogue.operands(g.epilogue)
+        slots = operands(g.epilogue)
         with for_range(b, i64(0), rows, name="er", unroll=False) as i:
             roff = mul(b, i, i64(g.n))
             for j in range(nv):

@@ -12,7 +12,7 @@ from llvmlite import ir
 from schemas.config import Config
 from schemas.target import Target
 from schemas.task import EpilogueOp, TensorSpec, TuningTask, parse_epilogue
-from stages.templates import epilogue
+from stages.graph import epilogue
 from stages.templates.gemm_codegen import GemmSpec, Schedule, aligned_zeros, build_module, pack_b
 from stages.templates.gemm_schedule import default_gemm, gemm_space
 from stages.templates.space import ConfigSpace, Knobs
