@@ -51,9 +51,9 @@ def tune_model(model: str, target: Target | str, options: TuningOptions, log_pat
     publish_results(artifact_key("results", Path(model).stem, target.name),
                     [t.model_dump() | {"task": f"{t.task} x{t.weight}"} for t in report.tasks])
     for t in report.tasks:
-        png = next((p for p in report.charts if t.signature in Path(p).name), None)
+        png = next((p for p in report.charts if t.task_signature in Path(p).name), None)
         if png:
-            publish_chart(artifact_key("convergence", t.task, t.signature), Path(png), t.task)
+            publish_chart(artifact_key("convergence", t.task.split("(")[0], t.task_signature), Path(png), t.task)
     create_markdown_artifact(_build_report(report, manifest), key=artifact_key("build", Path(model).stem),
                              description=f"build report of {model}")
     return report

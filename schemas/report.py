@@ -14,7 +14,7 @@ class TaskReport(BaseModel):
     model_config = ConfigDict(frozen=True)
 
     task: str
-    signature: str
+    task_signature: str
     weight: int = 1
     trials: int
     new_trials: int

@@ -20,7 +20,7 @@ def task_report(summary: SessionSummary, log: TuningLog, target: Target, threads
     best = summary.best
     default_gflops = round(default.gflops, 2) if default else None
     return TaskReport(
-        task=summary.task.description, signature=summary.task.signature, weight=weight, trials=summary.trials,
+        task=summary.task.description, task_signature=summary.task.signature, weight=weight, trials=summary.trials,
         new_trials=summary.new_trials, wall_s=round(summary.wall_s, 3), best_gflops=round(summary.best_gflops, 2),
         best_latency_ms=round(best.result.median * 1e3, 4) if best else None,
         best_config=best.config.knobs if best else None, best_spread=round(best.result.spread, 4) if best else None,

@@ -16,7 +16,8 @@ def log_show(
     log: Annotated[Path, typer.Argument(help="tuning log directory")],
     top: Annotated[int, typer.Option(help="best configs shown per task")] = 5,
 ) -> None:
-    """The best configs per task and target, with their spread, and the failure counts."""
+    """The best configs per task, target and thread count, ranked as the build ranks them (a re-measured config
+    first), with their spread, and the failure counts."""
     from stages.log import LogError, TuningLog
 
     if not log.exists():
@@ -25,22 +26,29 @@ def log_show(
         records = TuningLog(log).records()
     except LogError as exc:
         raise fail(str(exc)) from exc
-    groups: dict[tuple[str, str], list] = {}
+    from schemas.record import REMEASURE
+    from stages.log.store import rank_key
+
+    groups: dict[tuple[str, str, int], list] = {}
     for r in records:
-        groups.setdefault((r.task_signature, r.target_key), []).append(r)
-    out.print(f"{escape(str(log))}: {len(records)} records, {len(groups)} task/target pairs")
-    for (sig, key), recs in groups.items():
-        ok = sorted((r for r in recs if r.result.ok), key=lambda r: r.result.median)
+        groups.setdefault((r.task_signature, r.target_key, r.threads), []).append(r)
+    out.print(f"{escape(str(log))}: {len(records)} records, {len(groups)} task/target/thread-count groups")
+    for (sig, key, threads), recs in groups.items():
+        ok = sorted((r for r in recs if r.result.ok), key=rank_key)  # the build's order: re-measured first
         failed: dict[str, int] = {}
         for r in recs:
             if not r.result.ok:
                 failed[r.result.error_no.name] = failed.get(r.result.error_no.name, 0) + 1
-        table = Table(title=escape(f"{recs[0].task.description}  [{sig}]  on {key}  ({len(recs)} trials)"))
+        again = sum(r.tuner == REMEASURE for r in recs)
+        title = (f"{recs[0].task.description}  [{sig}]  on {key}, {threads} thread(s)  ({len(recs) - again} trials"
+                 + (f", {again} re-measurements" if again else "") + ")")
+        table = Table(title=escape(title))
         for col in ("rank", "GFLOPS", "median ms", "spread", "trial", "config"):
             table.add_column(col, justify="right" if col != "config" else "left")
         for rank, r in enumerate(ok[:top], 1):
+            trial = "re-measured" if r.tuner == REMEASURE else str(r.trial)
             table.add_row(str(rank), f"{r.gflops:.1f}", f"{r.result.median * 1e3:.3f}", f"{r.result.spread:.1%}",
-                          str(r.trial), escape(r.config.short()))
+                          trial, escape(r.config.short()))
         out.print(table)
         if failed:
             out.print(f"  failed: {escape(str(failed))}")
