@@ -1,7 +1,7 @@
 """Anchor lowering and epilogue fusion: Conv / Gemm / MatMul → conv2d / dense / batch_matmul nodes.
 
 Each anchor gets a `TuningTask` whose inputs are `[X, W, *epilogue tensors]` (the convention of
-stages/templates/epilogue.py) and absorbs the element-wise chain that follows it while each link
+stages/graph/epilogue.py) and absorbs the element-wise chain that follows it while each link
 has the anchor's result as its only reader: Relu, Clip, LeakyRelu, Sigmoid, Tanh, Gelu (both forms),
 Swish, HardSigmoid, HardSwish (passes_act.py has made one node of each written-out form); an Add,
 two-input Sum or Sub of a per-channel (or scalar) constant (bias); a Mul or Div by one
