@@ -95,7 +95,8 @@ def tune_op(
     if task_runner != "local" and not prefect:
         raise fail("--task-runner needs the Prefect flow; drop --no-prefect")
     try:
-        result = runs.tune_op(task, tgt, options, log, prefect=prefect, progress=not json_out,
+        # progress goes to stderr, so --json keeps stdout for the result and a script still sees progress
+        result = runs.tune_op(task, tgt, options, log, prefect=prefect, progress=True,
                               task_runner=task_runner, charts=charts)
     except KeyboardInterrupt:
         raise interrupted(log) from None
