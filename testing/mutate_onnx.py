@@ -20,7 +20,7 @@ from stages.extract import SUPPORTED, ModelError, load_model
 from stages.graph.passes import optimize
 from stages.graph.tasks import extract_tasks
 
-MODELS = Path(__file__).resolve().parents[2] / "data" / "models"
+MODELS = Path(__file__).resolve().parents[1] / "data" / "models"
 INTS = (-(2**63), -(2**31), -7, -1, 0, 1, 2, 3, 5, 64, 2**31 - 1, 2**40, 2**62)
 FLOATS = (float("nan"), float("inf"), -float("inf"), -1.0, 0.0, 1e-38, 1e38)
 OP_TYPES = (*SUPPORTED, "Loop", "If", "Scan", "NonMaxSuppression", "", "custom.Op")

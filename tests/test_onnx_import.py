@@ -85,11 +85,10 @@ def test_shape_subgraphs_and_initializer_arithmetic_fold_away(tmp_path):
 
 
 def test_run_time_input_to_a_fold_only_op_is_a_clear_error(tmp_path):
-    inits = [numpy_helper.from_array(np.array([2, 3, 2], np.int64), "shape")]
-    path = save(tmp_path, [helper.make_node("Expand", ["x", "shape"], ["y"], name="g")], [vi("x", [3, 2])],
-                [vi("y", [2, 3, 2])], inits)
-    with pytest.raises(ModelError, match="Expand 'g': its input 0 \\('x'\\) must be a constant, but it is computed at "
-                                         "run time"):
+    path = save(tmp_path, [helper.make_node("ConstantOfShape", ["x"], ["y"], name="g")], [vi("x", [3])],
+                [vi("y", [2, 3, 2])])
+    with pytest.raises(ModelError, match="ConstantOfShape 'g': its input 0 \\('x'\\) must be a constant, but it is "
+                                         "computed at run time"):
         load_model(path)
 
 
