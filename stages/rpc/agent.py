@@ -15,6 +15,8 @@ import logging
 import os
 import socket
 import ssl
+import subprocess
+import sys
 import threading
 
 import httpx
@@ -24,7 +26,7 @@ from schemas.config import Config
 from schemas.measure import MeasureErrorNo, MeasureResult
 from schemas.options import MeasureOptions
 from schemas.rpc import Id, Lease, RegisterReply, RegisterRequest, ResultPost
-from schemas.target import Target
+from schemas.target import Target, TargetError
 from stages.measure.artifact import BuildResult
 from stages.measure.plausible import judge
 from stages.measure.runner import LocalRunner
@@ -174,6 +176,44 @@ class Agent:
 
 
 _ID = TypeAdapter(Id)
+
+
+_CPU_PROBE = """
+import sys
+import llvmlite.binding as llvm
+llvm.initialize_all_targets()
+llvm.initialize_all_asmprinters()
+module = llvm.parse_assembly("define void @probe() {\\n  ret void\\n}\\n")
+module.triple = sys.argv[1]
+llvm.Target.from_triple(sys.argv[1]).create_target_machine(cpu=sys.argv[2]).emit_object(module)
+"""
+
+
+def device_target(cpu: str | None = None) -> Target:
+    """The target this machine registers: triple, CPU, features, cores and caches as LLVM and sysfs read them.
+
+    Under emulation (an arm64 userland under qemu) LLVM reads the CPU as `generic` and the features as
+    the emulator's, which are not the board's: `cpu` names the real CPU (e.g. cortex-a76), and then the
+    target carries no explicit features, so code is generated for what LLVM's model of that CPU has.
+    TargetError names a CPU LLVM does not know for this triple.
+    """
+    detected = Target.host()
+    if not cpu:
+        return detected
+    named = Target.parse(f"llvm -mtriple={detected.triple} -mcpu={cpu} -num-cores={detected.cores}")
+    _check_cpu_known(named)
+    return named.model_copy(update={"name": cpu, "l1_bytes": detected.l1_bytes, "l2_bytes": detected.l2_bytes,
+                                    "l3_bytes": detected.l3_bytes})
+
+
+def _check_cpu_known(target: Target) -> None:
+    """LLVM only warns on stderr about an unknown CPU and compiles for a generic one (or aborts the process, for
+    some triples): probe it in a child process and make either an error."""
+    probe = subprocess.run([sys.executable, "-c", _CPU_PROBE, target.triple, target.cpu], capture_output=True,
+                           text=True, timeout=120)
+    if probe.returncode != 0 or "not a recognized processor" in probe.stderr:
+        raise TargetError(f"CPU {target.cpu!r} is not one LLVM knows for {target.triple} (the names "
+                          f"`llc -mtriple={target.triple} -mcpu=help` lists, e.g. cortex-a76 for aarch64)")
 
 
 def _bad_job(why: str) -> MeasureResult:

@@ -108,12 +108,15 @@ def runner_serve(
     tracker: TrackerAddr = "127.0.0.1:9190",
     token_file: TokenFile = None,
     target: Annotated[str, typer.Option(help="what this device is: 'host' or a target string")] = "host",
+    cpu: Annotated[str | None, typer.Option(help="the device's real CPU (LLVM name, e.g. cortex-a76) when it "
+                                                 "reads as generic, as under emulation; with --target host")] = None,
     name: Annotated[str, typer.Option(help="name shown in the tracker status (default host:pid)")] = "",
     tls_ca: CaFile = None,
 ) -> None:
     """Measure candidates for the tracker until interrupted. It runs machine code from whoever holds the token.
 
     Example: tunaflow runner serve --tracker 127.0.0.1:9190 --key android_device
+    (an arm64 userland under qemu reads its CPU as generic: add --cpu cortex-a76)
     """
     import logging
 
@@ -121,12 +124,15 @@ def runner_serve(
 
     from schemas import Target, TargetError
     from schemas.rpc import RegisterRequest
-    from stages.rpc.agent import Agent
+    from stages.rpc.agent import Agent, device_target
     from stages.rpc.auth import TokenError, load_token
     from stages.rpc.client import TrackerError, tls_verify
 
     try:
-        tgt = Target.parse(target)
+        if cpu is not None and target != "host":
+            raise ValueError("--cpu names the CPU of the detected target: give it with --target host, or put "
+                             "-mcpu= in the --target string")
+        tgt = device_target(cpu) if target == "host" else Target.parse(target)
         RegisterRequest(key=key, target=tgt, name=name)
         url = _url(tracker)
         agent = Agent(url, key, load_token(token_file), tgt, name, verify=tls_verify(url, _ca(tls_ca)))
@@ -137,7 +143,8 @@ def runner_serve(
         raise fail(str(exc)) from exc
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     logging.getLogger("httpx").setLevel(logging.WARNING)
-    out.print(f"agent for key {escape(repr(key))} ({escape(tgt.cpu)}) pulling from {escape(url)}", emoji=False)
+    out.print(f"agent for key {escape(repr(key))} ({escape(tgt.triple)}, {escape(tgt.cpu)}) pulling from "
+              f"{escape(url)}", emoji=False)
     try:
         agent.serve()
     except KeyboardInterrupt:
