@@ -60,11 +60,12 @@ from stages.codegen.harness import monotonic_clock
 from stages.codegen.irb import F64, I64, VOIDP, i64, intrinsic
 from stages.extract.dtypes import stored
 from stages.graph.ir import Graph, Node
+from stages.graph.twins import alternatives
 from stages.log import TuningLog
 from stages.memops.anchor import GENERIC_OPS, generic_anchor
 from stages.memops.opctx import STATUS
 from stages.memops.registry import ALIASES, OpCtx, UnsupportedOp, generator, unsupported_nodes
-from stages.templates import TEMPLATES, alternatives, template_for
+from stages.templates import TEMPLATES, template_for
 from stages.templates.conv2d import Halo
 
 RUN = "tf_run"

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from schemas.task import TuningTask
-from stages.graph.twins import alternatives  # noqa: F401  for stages/tune/loop.py and stages/build/library.py
 from stages.templates import batch_matmul, conv2d, conv2d_winograd, dense, matmul
 from stages.templates.base import Template
 

@@ -3,7 +3,7 @@
 Tasks are tuned under one global trial budget (one task for `tune-op`). The task scheduler
 (`stages/tune/task_scheduler.py`, gradient-based by default, as in Ansor) picks which task gets the
 next batch, weighting each task by how often it occurs in the model and treating a task and its
-alternative implementations (`stages.templates.alternatives`) as one op, of which the build runs
+alternative implementations (`stages.graph.twins.alternatives`) as one op, of which the build runs
 the fastest. A task's first trial is its template's default schedule, so apply-best never picks a
 schedule measured slower and every report can say what tuning gained; every task without trials
 gets that one before the scheduler starts. One builder and one runner serve every task. The
@@ -27,12 +27,13 @@ from schemas.options import TuningOptions
 from schemas.record import TuningRecord
 from schemas.target import Target
 from schemas.task import TuningTask
+from stages.graph.twins import alternatives
 from stages.log import TuningLog
 from stages.log.store import rank_key
 from stages.measure.artifact import BuildResult
 from stages.measure.base import Runner
 from stages.measure.builder import Builder
-from stages.templates import TEMPLATES, alternatives, template_for
+from stages.templates import TEMPLATES, template_for
 from stages.templates.space import NoValidConfig
 from stages.tune.allocate import allocate
 from stages.tune.runners import make_runner
