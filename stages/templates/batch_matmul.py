@@ -17,7 +17,8 @@ from schemas.config import Config
 from schemas.target import Target
 from schemas.task import EpilogueOp, TensorSpec, TuningTask, parse_epilogue
 from stages.graph import epilogue
-from stages.templates.gemm_codegen import GemmSpec, Schedule, aligned_zeros, build_module
+from stages.templates.gemm_codegen import GemmSpec, Schedule, build_module
+from stages.templates.gemm_operands import aligned_zeros, make_inputs
 from stages.templates.gemm_schedule import default_gemm, gemm_space
 from stages.templates.space import ConfigSpace, Knobs
 
@@ -78,12 +79,6 @@ def space(task: TuningTask, target: Target) -> ConfigSpace:
 
 def default_config(task: TuningTask, target: Target) -> Config:
     return default_gemm(*dims(task), target, batch=len(batch_offsets(task)), what=task.description)
-
-
-def make_inputs(task: TuningTask, seed: int = 0) -> list[np.ndarray]:
-    rng = np.random.default_rng(seed)
-    anchor = [rng.uniform(-1, 1, size=t.shape).astype(np.float32) for t in task.inputs[:2]]
-    return anchor + epilogue.make_operands(task.epilogue, task.outputs[0].shape, -1, rng)
 
 
 def reference(task: TuningTask, inputs: list[np.ndarray]) -> np.ndarray:

@@ -9,17 +9,15 @@ whole K block; on the last K block it scales by alpha, applies the epilogue in r
 stores once. Edges are handled at run time by masked loads/stores (one micro-kernel per
 config, which keeps IR and compile time small).
 
-B is either packed at build time into panels `Bp[ceil(N/nr)][K][nr]` (zero-padded on N), or read
-in place as row-major `(K, N)` (activations, e.g. attention's batch matmul).
+B is either packed at build time into panels `Bp[ceil(N/nr)][K][nr]` (zero-padded on N, by
+`gemm_operands`), or read in place as row-major `(K, N)` (activations, e.g. attention's batch matmul).
 Kernel arguments: `[A, B, *epilogue tensors, C]` (see `epilogue`).
 """
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
-import numpy as np
 from llvmlite import ir
 
 from schemas.task import EpilogueOp
@@ -91,28 +89,6 @@ class Schedule:
     def from_knobs(cls, k: dict) -> Schedule:
         ints = {x: int(k[x]) for x in ("mr", "nv", "vw", "kc", "mc", "nc", "uk")}
         return cls(**ints, order=str(k["order"]), pack_a=bool(int(k["pack_a"])), par=str(k["par"]))
-
-
-def aligned_zeros(shape: tuple[int, ...]) -> np.ndarray:
-    """A zeroed float32 array starting on a 64-byte boundary (numpy's large arrays start 16 bytes
-    past one, so every 512-bit access would split across two cache lines)."""
-    size = math.prod(shape)
-    raw = np.zeros(size + 16, dtype=np.float32)
-    off = (-raw.ctypes.data % 64) // 4
-    return raw[off:off + size].reshape(shape)
-
-
-def pack_b(b: np.ndarray, nr: int, trans: bool = False) -> np.ndarray:
-    """B (K,N) — or (N,K) when `trans` — → panels Bp[ceil(N/nr)][K][nr], zero-padded on N."""
-    bt = b.T if trans else b
-    k, n = bt.shape
-    panels = -(-n // nr)
-    out = aligned_zeros((panels, k, nr))
-    full = n // nr
-    out[:full] = bt[:, :full * nr].reshape(k, full, nr).transpose(1, 0, 2)
-    if full < panels:
-        out[full, :, :n - full * nr] = bt[:, full * nr:]
-    return out
 
 
 def work_items(spec: GemmSpec, s: Schedule) -> int:
