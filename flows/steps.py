@@ -55,9 +55,9 @@ def record(session: TuningSession, configs: list[Config], results: list[MeasureR
     return DIRECT.record(session, configs, results)
 
 
-@task(name="remeasure", task_run_name="remeasure {session.task.description}", cache_policy=NO_CACHE)
-def remeasure(session: TuningSession, builder: Builder, runner: Runner) -> object:
-    return DIRECT.remeasure(session, builder, runner)
+@task(name="remeasure", task_run_name="remeasure {sessions[0].task.description}", cache_policy=NO_CACHE)
+def remeasure(sessions: list[TuningSession], builder: Builder, runner: Runner) -> object:
+    return DIRECT.remeasure(sessions, builder, runner)
 
 
 @task(name="extract", task_run_name="extract {model_path}", cache_policy=NO_CACHE)

@@ -48,3 +48,16 @@ class MeasureResult(BaseModel):
         if not self.ok or len(self.costs) < 2:
             return 0.0
         return statistics.stdev(self.costs) / statistics.mean(self.costs)
+
+
+class Noise(BaseModel):
+    """How busy the machine was while candidates were re-measured (from /proc: Linux only)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    seconds: float = Field(ge=0, description="how long the window lasted")
+    cores: int = Field(ge=1)
+    load_avg: float = Field(ge=0, description="1-minute load average at the window's end (tuning's builds count)")
+    other_cores: float = Field(description="cores kept busy, on average, by processes other than tunaflow's own")
+    steal: float = Field(ge=0, le=1, description="share of CPU time the hypervisor gave other guests")
+    busy: bool = Field(description="other processes kept more than half a core busy, or steal exceeded 2%")

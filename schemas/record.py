@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import statistics
+
 from pydantic import BaseModel, ConfigDict, Field
 
 from schemas.config import Config
@@ -28,3 +30,20 @@ class TuningRecord(BaseModel):
     config: Config
     result: MeasureResult
     gflops: float = Field(ge=0)
+    # Re-measure rows only (a part written before these fields existed reads them as their defaults):
+    rounds: tuple[float, ...] = Field(default=(), description="median seconds per call of each interleaved round")
+    combined_s: float | None = Field(default=None, gt=0, description="the figure this config ranks by: the minimum "
+                                     "of its trial medians and round medians (load only ever slows a kernel)")
+    unstable: bool = Field(default=False, description="its last rounds still varied more than the stable CV")
+
+    @property
+    def cost_s(self) -> float:
+        """Seconds per call the log ranks this record by: a re-measurement's combined figure, else its median."""
+        return self.combined_s if self.combined_s is not None else self.result.median
+
+    @property
+    def rounds_cv(self) -> float | None:
+        """Coefficient of variation of the round medians (None with fewer than two rounds)."""
+        if len(self.rounds) < 2:
+            return None
+        return statistics.stdev(self.rounds) / statistics.mean(self.rounds)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from pydantic import BaseModel, ConfigDict
 
+from schemas.measure import Noise
 from schemas.target import Target
 
 
@@ -27,6 +28,12 @@ class TaskReport(BaseModel):
     speedup_over_default: float | None
     errors: dict[str, int]
     built: bool | None = None  # in a model: whether the library runs this task's kernel (of a conv and its twin)
+    remeasured: bool = False  # the best's figure combines its trials with interleaved re-measurement rounds
+    rounds: int = 0  # re-measurement rounds this session ran (0: none)
+    rounds_cv: float | None = None  # CV of the best config's round medians
+    unstable: bool = False  # the best's last rounds still varied more than the stable CV (see remeasure.py)
+    repeat_cv: float | None = None  # median CV of the repeats of this session's trials
+    noise: Noise | None = None  # how busy the machine was during the re-measurement
 
 
 class OpReport(TaskReport):

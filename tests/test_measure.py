@@ -79,9 +79,11 @@ def test_top_k_are_remeasured_and_the_best_comes_from_the_remeasurement(tmp_path
     assert len(trials) == summary.trials == 5 and len(again) == 2
     fastest = sorted((r for r in trials if r.result.ok), key=lambda r: r.result.median)[:2]
     assert {r.config.index for r in again} == {r.config.index for r in fastest}
-    assert all(len(r.result.costs) == 3 * 2 for r in again)  # three interleaved rounds, pooled
+    assert all(3 <= len(r.rounds) <= 8 and len(r.result.costs) == 2 * len(r.rounds) for r in again)  # rounds, pooled
     assert summary.best is not None and summary.best.tuner == "remeasure"
-    assert summary.best.result.median == min(r.result.median for r in again)
+    assert summary.best.cost_s == min(r.cost_s for r in again)
+    for r in again:  # the combined figure never exceeds the config's trial median: re-measuring cannot hurt it
+        assert r.cost_s == min(r.rounds + tuple(t.result.median for t in fastest if t.config.index == r.config.index))
     resumed = tune_task(TASK, host, options, log)
     assert resumed.new_trials == 0 and len(log.records()) == 7
 

@@ -74,14 +74,14 @@ def choose(tasks: list[TuningTask], log: TuningLog | None, target: Target, threa
 
 def implementations(tasks: list[TuningTask], choices: dict[str, Choice]) -> dict[str, TuningTask]:
     """Task signature → the task to build it with: an alternative implementation (`alternatives`)
-    when its best record beats the task's own best record, or the task has none; else itself."""
+    when its best record beats the task's own best record by `rank_key`, or the task has none; else itself."""
     picked: dict[str, TuningTask] = {}
     for task in tasks:
         best = task
         for alt in alternatives(task):
             mine, theirs = choices.get(best.signature), choices.get(alt.signature)
             if theirs is not None and theirs.tuned and (
-                    mine is None or not mine.tuned or theirs.record.result.median < mine.record.result.median):
+                    mine is None or not mine.tuned or rank_key(theirs.record) < rank_key(mine.record)):
                 best = alt
         picked[task.signature] = best
     return picked

@@ -307,7 +307,7 @@ def _anchor_info(node: Node, choice: Choice, halo: Halo | None) -> OpInfo:
         node=node.name, op=node.op, kind="tuned" if rec else "default", task=choice.task.description,
         task_signature=choice.task.signature, knobs=dict(choice.config.knobs),
         record=None if rec is None else {"session_id": rec.session_id, "trial": rec.trial,
-                                         "median_s": rec.result.median, "gflops": rec.gflops},
+                                         "median_s": rec.cost_s, "gflops": rec.gflops},
         layout=None if halo is None else halo.label,
     )
 

@@ -218,9 +218,10 @@ class TuningLog:
 
 
 def rank_key(record: TuningRecord) -> tuple[int, float]:
-    """Re-measured records (the end-of-session top-k, measured again) outrank single trials, so one
-    lucky noisy sample cannot become the best; then the lowest median cost wins."""
-    return (0 if record.tuner == REMEASURE else 1, record.result.median)
+    """The one order of "best" (build, `log show`, reports): re-measured records (the end-of-session top-k,
+    measured again) outrank single trials, so a config measured once cannot jump ahead of them; then the
+    lowest `cost_s` wins (a re-measurement's combined figure, a trial's median)."""
+    return (0 if record.tuner == REMEASURE else 1, record.cost_s)
 
 
 def merge(sources: Iterable[str | os.PathLike[str]], dest: str | os.PathLike[str]) -> int:
@@ -265,9 +266,19 @@ def _read_part(part: Path) -> pa.Table:
             f"{part}: schema version {version.decode()}, this tunaflow reads version {SCHEMA_VERSION}"
         )
     try:
-        return table.select(SCHEMA.names).cast(SCHEMA)
+        return _with_defaults(table).select(SCHEMA.names).cast(SCHEMA)
     except (pa.ArrowException, KeyError) as exc:
         raise LogError(f"{part}: columns do not match schema version {SCHEMA_VERSION} ({exc})") from exc
+
+
+def _with_defaults(table: pa.Table) -> pa.Table:
+    """A part written before a field with a default existed gets that default in every row."""
+    for field in SCHEMA:
+        info = TuningRecord.model_fields[field.name]
+        if field.name not in table.column_names and not info.is_required():
+            value = to_row(info.get_default(call_default_factory=True), field.type, field.metadata == JSON_META)
+            table = table.append_column(field, pa.array([value] * table.num_rows, field.type))
+    return table
 
 
 def _identity(r: TuningRecord) -> tuple:

@@ -19,14 +19,17 @@ def task_report(summary: SessionSummary, log: TuningLog, target: Target, threads
     default = default_record(log, summary.task, target, threads)
     best = summary.best
     default_gflops = round(default.gflops, 2) if default else None
+    rounds_cv = best.rounds_cv if best else None
     return TaskReport(
         task=summary.task.description, task_signature=summary.task.signature, weight=weight, trials=summary.trials,
         new_trials=summary.new_trials, wall_s=round(summary.wall_s, 3), best_gflops=round(summary.best_gflops, 2),
-        best_latency_ms=round(best.result.median * 1e3, 4) if best else None,
+        best_latency_ms=round(best.cost_s * 1e3, 4) if best else None,
         best_config=best.config.knobs if best else None, best_spread=round(best.result.spread, 4) if best else None,
         default_gflops=default_gflops,
         speedup_over_default=round(summary.best_gflops / default_gflops, 3) if default_gflops else None,
-        errors=summary.errors, built=built)
+        errors=summary.errors, built=built, remeasured=bool(best and best.rounds), rounds=summary.rounds,
+        rounds_cv=round(rounds_cv, 4) if rounds_cv is not None else None, unstable=bool(best and best.unstable),
+        repeat_cv=round(summary.repeat_cv, 4) if summary.repeat_cv is not None else None, noise=summary.noise)
 
 
 def op_report(summary: SessionSummary, log: TuningLog, target: Target, threads: int, numpy_gflops: float,

@@ -9,6 +9,10 @@ schedule measured slower and every report can say what tuning gained; every task
 gets that one before the scheduler starts. One builder and one runner serve every task. The
 budget counts the trials already in the log for these tasks, so a rerun resumes.
 
+At the end, each task's top configs are re-measured (`stages/measure/remeasure.py`) together with its
+alternative implementations' in the same interleaved rounds, so the build's choice between a conv and
+its Winograd twin comes from one stretch of the machine's time.
+
 Each step (propose, build, run, record, remeasure) goes through `Steps`: the direct path calls the
 stage functions, a Prefect flow passes its task-run versions so every step shows in the UI, and
 nothing else differs between the two.
@@ -37,7 +41,7 @@ from stages.templates import TEMPLATES, template_for
 from stages.templates.space import NoValidConfig
 from stages.tune.allocate import allocate
 from stages.tune.runners import make_runner
-from stages.tune.session import Observer, SessionSummary, TuningSession, remeasure_top
+from stages.tune.session import Observer, SessionSummary, TuningSession, remeasure_group
 from stages.tune.task_scheduler import SCHEDULERS
 
 
@@ -53,7 +57,7 @@ class Steps:
     build: Callable[[Builder, TuningTask, list[Config], Target, int], list[BuildResult]] = Builder.build
     run: Callable[[Runner, list[BuildResult]], list[MeasureResult]] = _run
     record: Callable[[TuningSession, list[Config], list[MeasureResult]], object] = TuningSession.record
-    remeasure: Callable[[TuningSession, Builder, Runner], object] = remeasure_top
+    remeasure: Callable[[list[TuningSession], Builder, Runner], object] = remeasure_group
 
 
 DIRECT = Steps()
@@ -129,9 +133,13 @@ def _drive(sessions: list[TuningSession], weights: list[int], target: Target, op
         if remaining > 0 and sessions:
             allocate(SCHEDULERS[scheduler](options.seed), [step_for(s) for s in sessions], weights, remaining,
                      options.batch_size, groups)
-        for s in sessions:
+        # A task and its alternative implementations are re-measured in the same rounds (one op, one choice).
+        by_group: dict[int, list[TuningSession]] = {}
+        for s, g in zip(sessions, groups, strict=True):
             if s not in unservable:
-                steps.remeasure(s, builder, runner)
+                by_group.setdefault(g, []).append(s)
+        for group in by_group.values():
+            steps.remeasure(group, builder, runner)
 
 
 def tune_task(task: TuningTask, target: Target, options: TuningOptions, log: TuningLog,

@@ -11,6 +11,7 @@ configs first, so a rerun measures them again.
 
 from __future__ import annotations
 
+import statistics
 import time
 import uuid
 import weakref
@@ -18,17 +19,18 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from schemas.config import Config
-from schemas.measure import MeasureErrorNo, MeasureResult
+from schemas.measure import MeasureErrorNo, MeasureResult, Noise
 from schemas.options import TuningOptions
 from schemas.record import REMEASURE, TuningRecord
 from schemas.target import Target
 from schemas.task import TuningTask
 from schemas.version import VERSION
 from stages.log import TuningLog
+from stages.log.store import rank_key
 from stages.measure.artifact import BuildResult
 from stages.measure.base import Runner
 from stages.measure.builder import Builder
-from stages.measure.remeasure import remeasure, top_k
+from stages.measure.remeasure import Candidate, Remeasured, history, remeasure, top_k
 from stages.search import make_tuner
 from stages.search.base import TunerContext
 from stages.templates import template_for
@@ -58,8 +60,11 @@ class SessionSummary:
     trials: int
     new_trials: int
     wall_s: float
-    best: TuningRecord | None
+    best: TuningRecord | None  # by the log's rank (`rank_key`), as the build chooses
     errors: dict[str, int] = field(default_factory=dict)
+    repeat_cv: float | None = None  # median CV of the repeats of this session's trials
+    rounds: int = 0                 # interleaved rounds of its re-measurement (0: none this session)
+    noise: Noise | None = None      # the machine's load during that re-measurement
 
     @property
     def best_gflops(self) -> float:
@@ -118,6 +123,9 @@ class TuningSession:
             epsilon=options.epsilon))
         self._started = time.monotonic()
         self.errors: dict[str, int] = {}
+        self._spreads: list[float] = []
+        self._rounds = 0
+        self._noise: Noise | None = None
 
     @property
     def retrying(self) -> bool:
@@ -165,7 +173,9 @@ class TuningSession:
                 self._since_best = 0
             else:
                 self._since_best += 1
-            if not rec.result.ok:
+            if rec.result.ok:
+                self._spreads.append(rec.result.spread)
+            else:
                 name = rec.result.error_no.name
                 self.errors[name] = self.errors.get(name, 0) + 1
             event = TrialEvent(self.task, rec.trial + 1, self.options.n_trials, rec.config, rec.result, rec.gflops,
@@ -174,21 +184,40 @@ class TuningSession:
                 observe(event)
         return records
 
-    def record_remeasurement(self, configs: list[Config], results: list[MeasureResult]) -> list[TuningRecord]:
-        """Log the top-k re-measurement (not counted as trials); the best becomes the fastest of it."""
+    @property
+    def measured_new(self) -> bool:
+        return self.trials > self.start_trials
+
+    def candidates(self) -> list[Candidate]:
+        """The top-k configs (k = options.top_k_remeasure) with their history in the log, to re-measure."""
+        mine = self._mine() if self.options.top_k_remeasure else []
+        return [Candidate(self.task, c, history(mine, c)) for c in top_k(mine, self.options.top_k_remeasure)]
+
+    def record_remeasurement(self, remeasured: list[Remeasured], rounds: int,
+                             noise: Noise | None) -> list[TuningRecord]:
+        """Log the re-measurement (not counted as trials): each config's pooled repeats, round medians and
+        combined figure, which its `gflops` is computed from."""
         records = [TuningRecord(
             tunaflow_version=VERSION, session_id=self.session_id, trial=self.trials + i, tuner=REMEASURE,
             target_key=self.target.key, task_signature=self.task.signature, task=self.task,
-            template_version=self.template.VERSION, threads=self.options.measure.threads, config=config,
-            result=result, gflops=self.task.flops / result.median / 1e9 if result.ok else 0.0,
-        ) for i, (config, result) in enumerate(zip(configs, results, strict=True))]
+            template_version=self.template.VERSION, threads=self.options.measure.threads, config=m.candidate.config,
+            result=m.result, gflops=self.task.flops / m.combined_s / 1e9 if m.combined_s else 0.0,
+            rounds=m.rounds, combined_s=m.combined_s, unstable=m.unstable,
+        ) for i, m in enumerate(remeasured)]
         self.log.append(records)
-        self.best = min((r for r in records if r.result.ok), key=lambda r: r.result.median, default=self.best)
+        self._rounds, self._noise = rounds, noise
         return records
 
     def summary(self) -> SessionSummary:
+        """The session's figures, its best by the log's rank among records of this template version."""
+        best = min((r for r in self._mine() if r.result.ok), key=rank_key, default=None)
         return SessionSummary(self.task, self.target.key, self.trials, self.trials - self.start_trials,
-                              time.monotonic() - self._started, self.best, dict(self.errors))
+                              time.monotonic() - self._started, best, dict(self.errors),
+                              statistics.median(self._spreads) if self._spreads else None, self._rounds, self._noise)
+
+    def _mine(self) -> list[TuningRecord]:
+        return [r for r in self.log.for_task(self.task.signature, self.target.key, self.options.measure.threads)
+                if r.template_version == self.template.VERSION]
 
 
 def _informative(record: TuningRecord) -> bool:
@@ -211,12 +240,17 @@ def measure(builder: Builder, runner: Runner, task: TuningTask, configs: list[Co
     return runner.run(builds)
 
 
-def remeasure_top(session: TuningSession, builder: Builder, runner: Runner) -> list[TuningRecord]:
-    """Re-measure the top-k configs (k = options.top_k_remeasure) and choose the best from that; a session
-    that measured nothing new has nothing to re-decide."""
-    k = session.options.top_k_remeasure if session.trials > session.start_trials else 0
-    configs = top_k(session.log.for_task(session.task.signature, session.target.key, session.options.measure.threads),
-                    k) if k else []
-    if not configs:
+def remeasure_group(sessions: list[TuningSession], builder: Builder, runner: Runner) -> list[TuningRecord]:
+    """Re-measure the top configs of these sessions (a task and its alternative implementations) in the same
+    interleaved rounds, so the build's choice among them comes from the same moments of the machine. A group
+    none of whose sessions measured anything new has nothing to re-decide."""
+    candidates = [c for s in sessions for c in s.candidates()] if any(s.measured_new for s in sessions) else []
+    if not candidates:
         return []
-    return session.record_remeasurement(configs, remeasure(builder, runner, session.task, session.target, configs))
+    done = remeasure(builder, runner, sessions[0].target, candidates)
+    records = []
+    for s in sessions:
+        mine = [m for m in done.results if m.candidate.task.signature == s.task.signature]
+        if mine:
+            records += s.record_remeasurement(mine, done.rounds, done.noise)
+    return records

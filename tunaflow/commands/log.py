@@ -46,8 +46,8 @@ def log_show(
         for col in ("rank", "GFLOPS", "median ms", "spread", "trial", "config"):
             table.add_column(col, justify="right" if col != "config" else "left")
         for rank, r in enumerate(ok[:top], 1):
-            trial = "re-measured" if r.tuner == REMEASURE else str(r.trial)
-            table.add_row(str(rank), f"{r.gflops:.1f}", f"{r.result.median * 1e3:.3f}", f"{r.result.spread:.1%}",
+            trial = ("re-measured" + (" (unstable)" if r.unstable else "")) if r.tuner == REMEASURE else str(r.trial)
+            table.add_row(str(rank), f"{r.gflops:.1f}", f"{r.cost_s * 1e3:.3f}", f"{r.result.spread:.1%}",
                           trial, escape(r.config.short()))
         out.print(table)
         if failed:

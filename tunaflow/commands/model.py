@@ -304,14 +304,21 @@ def report_json(report) -> dict:
 def print_tune(r) -> None:
     from rich.table import Table
 
+    from tunaflow.commands.tune_op import noise_text
+
     table = Table(title=f"tasks of {escape(r.model)}")
-    for col in ("task", "x", "trials", "new", "best GFLOPS", "default", "failed", "built"):
+    for col in ("task", "x", "trials", "new", "best GFLOPS", "default", "CV", "failed", "built"):
         table.add_column(col, justify="left" if col == "task" else "right")
     for t in r.tasks:
         default = f"{t.default_gflops:.1f}" if t.default_gflops is not None else "-"
+        cv = t.rounds_cv if t.rounds_cv is not None else t.repeat_cv
+        cv_text = ("-" if cv is None else f"{cv:.1%}") + (" unstable" if t.unstable else "")
         table.add_row(escape(t.task), str(t.weight), str(t.trials), str(t.new_trials), f"{t.best_gflops:.1f}",
-                      default, str(sum(t.errors.values())), "yes" if t.built else "-")
+                      default, cv_text, str(sum(t.errors.values())), "yes" if t.built else "-")
     out.print(table)
+    for t in r.tasks:
+        if t.noise is not None or t.unstable:
+            out.print(f"noise {escape(t.task)}: {escape(noise_text(t))}")
     _print_build(r.build)
     out.print(f"tuning log: {escape(r.log)}")
     charts = escape(str(Path(r.charts[0]).parent)) if r.charts else "(none)"

@@ -124,6 +124,7 @@ def print_result(r) -> None:
     default = f"{r.default_gflops:.1f} GFLOPS" if r.default_gflops is not None else "no trial of it in the log"
     out.print(f"default       : {default}{speedup}")
     out.print(f"numpy         : {r.numpy_gflops:.1f} GFLOPS")
+    out.print(f"noise         : {escape(noise_text(r))}")
     if r.errors:
         out.print(f"failed trials : {escape(str(r.errors))}")
     out.print(f"tuning log    : {escape(r.log)}")
@@ -131,3 +132,16 @@ def print_result(r) -> None:
         out.print(f"chart         : {escape(r.chart)}")
 
 
+
+
+def noise_text(r) -> str:
+    """How repeatable this task's measurements were and how busy the machine was while re-measuring."""
+    parts = [f"repeats CV {r.repeat_cv:.1%}" if r.repeat_cv is not None else "no new trials"]
+    if r.rounds:
+        cv = f" CV {r.rounds_cv:.1%}" if r.rounds_cv is not None else ""
+        parts.append(f"{r.rounds} re-measure rounds, the best's{cv}" + (" UNSTABLE" if r.unstable else " (stable)"))
+    n = r.noise
+    if n is not None:
+        parts.append(f"machine {'BUSY' if n.busy else 'quiet'}: {n.other_cores:.1f} other core(s) of {n.cores}, "
+                     f"steal {n.steal:.1%}, load {n.load_avg:.1f}")
+    return "; ".join(parts)
