@@ -43,3 +43,23 @@ bench-peers: $(STAMP) $(PEERS_STAMP)
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache
+
+# An arm64 device under qemu user-mode emulation (root; see device/arm64/). Built once under ARM64_ROOT;
+# every command runs this checkout's code (bind-mounted) and leaves nothing mounted when it exits.
+ARM64_ROOT ?= $(HOME)/.cache/tunaflow/arm64
+ARM64_CPU ?= cortex-a76
+export ARM64_ROOT
+
+.PHONY: arm64-device arm64-agent arm64-run
+
+arm64-device:
+	device/arm64/build.sh
+
+arm64-agent:
+	@test -n "$(TRACKER)" -a -n "$(KEY)" -a -n "$(TOKEN_FILE)" || \
+		{ echo "usage: make arm64-agent TRACKER=HOST:PORT KEY=KEY TOKEN_FILE=F [ARM64_CPU=cortex-a76]"; exit 2; }
+	device/arm64/agent.sh '$(TRACKER)' '$(KEY)' '$(TOKEN_FILE)' '$(ARM64_CPU)'
+
+arm64-run:
+	@test -n "$(LIB)" || { echo "usage: make arm64-run LIB=DIR [INPUTS=in.npz] [OUTPUT=out.npz] [RUN_ARGS=...]"; exit 2; }
+	device/arm64/run.sh '$(LIB)' '$(INPUTS)' '$(OUTPUT)' $(RUN_ARGS)
