@@ -50,7 +50,7 @@ ARM64_ROOT ?= $(HOME)/.cache/tunaflow/arm64
 ARM64_CPU ?= cortex-a76
 export ARM64_ROOT
 
-.PHONY: arm64-device arm64-agent arm64-run
+.PHONY: arm64-device arm64-agent arm64-run arm64-test
 
 arm64-device:
 	device/arm64/build.sh
@@ -63,3 +63,7 @@ arm64-agent:
 arm64-run:
 	@test -n "$(LIB)" || { echo "usage: make arm64-run LIB=DIR [INPUTS=in.npz] [OUTPUT=out.npz] [RUN_ARGS=...]"; exit 2; }
 	device/arm64/run.sh '$(LIB)' '$(INPUTS)' '$(OUTPUT)' $(RUN_ARGS)
+
+# The opt-in device suite (tests/test_arm64_device.py; skipped elsewhere, so never part of `make test`).
+arm64-test: $(STAMP) arm64-device
+	TUNAFLOW_ARM64=1 $(BIN)/python -m pytest -m arm64 -s -p no:cacheprovider tests/test_arm64_device.py
