@@ -308,6 +308,8 @@ def _gather(ins, outs, raw, ctx) -> list[Emit]:
     if len(runs) > GATHER_MAX_PIECES:
         return node
     out_shape = [*src[:axis], *idx.shape, *src[axis + 1:]]
+    if runs == [(0, src[axis])]:  # every index in order (an exporter's mask reshuffle): a reshape, no copy
+        return [("Reshape", ins[:1], outs[:1], {"shape": out_shape})]
     emits: list[Emit] = []
     pieces = []
     for start, length in runs:
