@@ -2,10 +2,10 @@
 
 Tunes the bundled CNN twice from empty logs with the same seed and budget: once as the machine is, and
 once while a competing process burns one core in random bursts (0.2-1.5 s on, 0.2-1.5 s off; started and
-stopped by this benchmark, never outliving it). Then builds both libraries and the default-schedule one
-and times the three interleaved (no burner), and checks every task's chosen record against its default
-schedule's. Goal: the build tuned under load within 5% of the quiet one, no chosen config slower than
-its default schedule. Prints its table; `--write` also replaces the `noise` section of RESULTS.md.
+stopped by this benchmark, at most an hour; `testing/burner.py`). Then builds both libraries and the
+default-schedule one and times the three interleaved (no burner), and checks every task's chosen record
+against its default schedule's. Goal: the build tuned under load within 5% of the quiet one, no chosen
+config slower than its default schedule. Prints its table; `--write` also replaces the `noise` section of RESULTS.md.
 
     flock /tmp/bench.lock .venv/bin/python benchmarks/noise.py [--trials 160] [--threads 1] [--write]
 """
@@ -13,13 +13,10 @@ its default schedule. Prints its table; `--write` also replaces the `noise` sect
 from __future__ import annotations
 
 import argparse
-import contextlib
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -34,30 +31,9 @@ from stages.pipeline.model import build_checked, load_graph, tunable_tasks, tune
 from stages.runtime import load  # noqa: E402
 from stages.runtime.compare import compare, paired_ratio, random_feeds  # noqa: E402
 from stages.tune.loop import default_record  # noqa: E402
+from testing.burner import burning  # noqa: E402
 
 MODEL = ROOT / "data" / "models" / "cnn.onnx"
-BURNER = """
-import random, sys, time
-rng, end = random.Random(int(sys.argv[1])), time.monotonic() + float(sys.argv[2])
-while time.monotonic() < end:
-    stop = time.monotonic() + rng.uniform(0.2, 1.5)
-    while time.monotonic() < stop:
-        pass
-    time.sleep(rng.uniform(0.2, 1.5))
-"""
-
-
-@contextlib.contextmanager
-def bursts(seed: int, cap_s: float) -> Iterator[None]:
-    """One core burnt in random bursts while the block runs (and never longer than `cap_s`)."""
-    proc = subprocess.Popen([sys.executable, "-c", BURNER, str(seed), str(cap_s)])
-    try:
-        yield
-    finally:
-        proc.terminate()
-        proc.wait(10)
-
-
 def tune(name: str, work: Path, trials: int, threads: int, seed: int) -> tuple[ModelReport, float]:
     options = TuningOptions(seed=seed, measure=MeasureOptions(threads=threads))
     start = time.perf_counter()
@@ -100,7 +76,7 @@ def main(argv: list[str] | None = None) -> None:
     with tempfile.TemporaryDirectory(prefix="tunaflow-noise-") as tmp:
         work = Path(tmp)
         quiet, quiet_s = tune("quiet", work, args.trials, args.threads, args.seed)
-        with bursts(args.seed, cap_s=3600):
+        with burning(3600, bursts=True, seed=args.seed):
             loaded, loaded_s = tune("loaded", work, args.trials, args.threads, args.seed)
         build_checked(str(MODEL), load_graph(MODEL), Target.host(), str(work / "default"), args.threads, None, False)
         libs = {name: load(work / name / "lib") for name in ("quiet", "loaded")} | {"default": load(work / "default")}

@@ -4,8 +4,6 @@ unstable result, old logs without these fields, and a real burst of load during 
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
 from collections.abc import Callable
 
 import pyarrow.parquet as pq
@@ -21,6 +19,7 @@ from stages.measure.builder import Builder
 from stages.measure.remeasure import MAX_ROUNDS, MIN_ROUNDS, Candidate, remeasure
 from stages.measure.runner import LocalRunner
 from stages.templates import matmul
+from testing.burner import burning
 
 MS = 1e-3
 
@@ -110,13 +109,6 @@ def test_a_part_written_before_the_remeasure_fields_reads_them_as_defaults(tmp_p
     assert min(old, key=rank_key).trial == 1 and old[1].cost_s == old[1].result.median
 
 
-def _burn(seconds: float, cpu: int) -> subprocess.Popen:
-    """A process that keeps `cpu` busy for `seconds`, then exits."""
-    code = (f"import os, time; os.sched_setaffinity(0, {{{cpu}}}); end = time.monotonic() + {seconds}\n"
-            "while time.monotonic() < end: pass")
-    return subprocess.Popen([sys.executable, "-c", code])
-
-
 @pytest.mark.skipif(not hasattr(os, "sched_setaffinity"), reason="needs CPU affinity (Linux)")
 def test_a_core_burning_during_the_rounds_does_not_demote_the_fast_config(host):
     """Real kernels, a real worker and a real competing process on the worker's core for a bounded 1.5 s,
@@ -133,12 +125,9 @@ def test_a_core_burning_during_the_rounds_does_not_demote_the_fast_config(host):
         with Builder.for_options(opts) as builder, LocalRunner(opts) as runner:
             trials = runner.run(builder.build(TASK, [fast, slow], host))
             assert all(t.ok for t in trials) and trials[0].median < trials[1].median
-            burner = _burn(1.5, cpu)
-            try:
+            with burning(1.5, cpu):  # detached: the probe must see it as another process's load
                 done = remeasure(builder, runner, host, [Candidate(TASK, fast, (trials[0].median,)),
                                                          Candidate(TASK, slow, (trials[1].median,))])
-            finally:
-                burner.wait(10)
     finally:
         os.sched_setaffinity(0, before)
     won, lost = done.results
