@@ -116,7 +116,7 @@ def test_bundled_models_match_onnxruntime(name, threads, tmp_path):
     if name == "cnn":  # four conv pairs hand over padded tensors (stages/build/halo.py)
         layouts = {op.node: op.layout for op in manifest.ops if op.layout}
         assert layouts["Conv_16"] == "y padded 1,1,1,1" and layouts["Conv_27"] == "x padded" and len(layouts) == 8
-        from tunaflow.commands.model import build_summary
+        from stages.report.summary import build_summary
 
         assert build_summary(manifest, tmp_path / "lib")["padded_hand_offs"] == 4
     model = load(tmp_path / "lib")

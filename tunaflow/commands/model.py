@@ -212,9 +212,10 @@ def _npz_path(output: Path) -> Path:
 def _feeds(model, inputs: Path | None) -> dict:
     import numpy as np
 
-    if inputs is None:
-        rng = np.random.default_rng(0)
-        return {i.name: rng.standard_normal(i.shape).astype(i.dtype) for i in model.inputs}
+    if inputs is None:  # seeded, and valid: token ids within their table, masks with padding
+        from stages.runtime.compare import random_feeds
+
+        return random_feeds(model)
     if not inputs.is_file():
         raise fail(f"{inputs}: no such file")
     try:
