@@ -47,7 +47,9 @@ clean:
 # An arm64 device under qemu user-mode emulation (root; see device/arm64/). Built once under ARM64_ROOT;
 # every command runs this checkout's code (bind-mounted) and leaves nothing mounted when it exits.
 ARM64_ROOT ?= $(HOME)/.cache/tunaflow/arm64
+# The board the device stands for (a Raspberry Pi 5's Cortex-A76: 64 KiB L1d, 512 KiB L2, 2 MiB L3).
 ARM64_CPU ?= cortex-a76
+ARM64_CACHES ?= 64K,512K,2M
 export ARM64_ROOT
 
 .PHONY: arm64-device arm64-agent arm64-run arm64-test
@@ -57,8 +59,8 @@ arm64-device:
 
 arm64-agent:
 	@test -n "$(TRACKER)" -a -n "$(KEY)" -a -n "$(TOKEN_FILE)" || \
-		{ echo "usage: make arm64-agent TRACKER=HOST:PORT KEY=KEY TOKEN_FILE=F [ARM64_CPU=cortex-a76]"; exit 2; }
-	device/arm64/agent.sh '$(TRACKER)' '$(KEY)' '$(TOKEN_FILE)' '$(ARM64_CPU)'
+		{ echo "usage: make arm64-agent TRACKER=HOST:PORT KEY=KEY TOKEN_FILE=F [ARM64_CPU=..] [ARM64_CACHES=..]"; exit 2; }
+	device/arm64/agent.sh '$(TRACKER)' '$(KEY)' '$(TOKEN_FILE)' '$(ARM64_CPU)' '$(ARM64_CACHES)'
 
 arm64-run:
 	@test -n "$(LIB)" || { echo "usage: make arm64-run LIB=DIR [INPUTS=in.npz] [OUTPUT=out.npz] [RUN_ARGS=...]"; exit 2; }

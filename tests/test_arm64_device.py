@@ -96,6 +96,7 @@ def test_the_device_registers_aarch64_with_the_cpu_it_was_told(device):
     t = entry.target
     assert (t.triple, t.cpu, t.features) == ("aarch64-unknown-linux-gnu", CPU, "")
     assert (t.vector_bits, t.vector_lanes, t.vector_registers) == (128, 4, 32)
+    assert (t.l1_bytes, t.l2_bytes, t.l3_bytes) == (64 * 1024, 512 * 1024, 2 * 1024 * 1024)  # make's ARM64_CACHES
 
 
 @pytest.mark.parametrize("op", [("matmul", "--m", "64", "--n", "64", "--k", "64"),

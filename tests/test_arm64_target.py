@@ -1,4 +1,4 @@
-"""The target a device agent registers, and `runner serve --cpu` (issue 25): under emulation an arm64 userland
+"""The target a device agent registers, and `runner serve --cpu/--caches` (issue 25): under emulation an arm64 userland
 reads its CPU as `generic` with the emulator's features, so the agent is told the board's real CPU.
 
 Fast and host-only: LLVM's CPU check runs for real; the aarch64 detection is the one fact a host cannot
@@ -36,6 +36,15 @@ def test_cpu_names_the_board_and_drops_the_emulators_features(emulated):
     assert t.key != EMULATED.key and t.key.startswith("aarch64-unknown-linux-gnu:cortex-a76:")
 
 
+def test_caches_replace_the_defaults_an_emulator_falls_back_to(emulated):
+    t = agent.device_target("cortex-a76", "64K,512K,2M")
+    assert (t.cpu, t.l1_bytes, t.l2_bytes, t.l3_bytes) == ("cortex-a76", 64 * 1024, 512 * 1024, 2 * 1024 * 1024)
+    assert agent.device_target(None, "48K,2M,32M").l2_bytes == 2 * 1024 * 1024
+    for bad in ("64K,512K", "64K,512K,2G", "0,1M,2M", "x,y,z"):
+        with pytest.raises(TargetError, match="are not three sizes L1,L2,L3"):
+            agent.device_target("cortex-a76", bad)
+
+
 def test_a_cpu_llvm_does_not_know_is_an_error(emulated):
     with pytest.raises(TargetError, match="'cortex-a7x' is not one LLVM knows for aarch64-unknown-linux-gnu"):
         agent.device_target("cortex-a7x")
@@ -58,7 +67,10 @@ def test_runner_serve_refuses_a_bad_cpu_in_one_line(tmp_path):
     assert "error: CPU 'not-a-cpu' is not one LLVM knows" in bad.stderr and "Traceback" not in bad.stderr
     both = tunaflow("runner", "serve", "--key", "arm64", "--cpu", "cortex-a76", "--target", "aarch64", timeout=120,
                     env={"TUNAFLOW_RPC_TOKEN": "t" * 32, "PATH": "/usr/bin:/bin"})
-    assert both.returncode == 2 and "--cpu names the CPU of the detected target" in both.stderr
+    assert both.returncode == 2 and "--cpu and --caches correct the detected target" in both.stderr
+    caches = tunaflow("runner", "serve", "--key", "arm64", "--caches", "64K", timeout=120,
+                      env={"TUNAFLOW_RPC_TOKEN": "t" * 32, "PATH": "/usr/bin:/bin"})
+    assert caches.returncode == 2 and "error: caches '64K' are not three sizes" in caches.stderr
 
 
 def test_the_tracker_records_the_cpu_the_agent_was_told(tmp_path):
@@ -68,9 +80,10 @@ def test_the_tracker_records_the_cpu_the_agent_was_told(tmp_path):
     with Cluster(tmp_path, "s" * 32) as cluster:
         cluster.start_tracker()
         cluster.spawn("agent", "runner", "serve", "--tracker", f"127.0.0.1:{cluster.port}", "--key", "board",
-                      "--cpu", told)
+                      "--cpu", told, "--caches", "64K,512K,2M")
         status = cluster.devices(1)
     (entry,) = status.keys
     assert entry.key == "board" and entry.target is not None
     assert (entry.target.cpu, entry.target.triple, entry.target.features) == (told, host.triple, "")
+    assert (entry.target.l1_bytes, entry.target.l3_bytes) == (64 * 1024, 2 * 1024 * 1024)
     assert entry.target.key != host.key

@@ -189,21 +189,38 @@ llvm.Target.from_triple(sys.argv[1]).create_target_machine(cpu=sys.argv[2]).emit
 """
 
 
-def device_target(cpu: str | None = None) -> Target:
+def device_target(cpu: str | None = None, caches: str | None = None) -> Target:
     """The target this machine registers: triple, CPU, features, cores and caches as LLVM and sysfs read them.
 
     Under emulation (an arm64 userland under qemu) LLVM reads the CPU as `generic` and the features as
     the emulator's, which are not the board's: `cpu` names the real CPU (e.g. cortex-a76), and then the
     target carries no explicit features, so code is generated for what LLVM's model of that CPU has.
-    TargetError names a CPU LLVM does not know for this triple.
+    Without sysfs caches (emulation) the target has default caches: `caches` ("64K,512K,2M": L1 data, L2,
+    L3) gives the board's, which the default schedules and the spaces size their blocks by.
+    TargetError names a CPU LLVM does not know for this triple, or caches it cannot read.
     """
     detected = Target.host()
+    update: dict[str, object] = {}
+    if caches:
+        update.update(zip(("l1_bytes", "l2_bytes", "l3_bytes"), parse_caches(caches), strict=True))
     if not cpu:
-        return detected
+        return detected.model_copy(update=update)
     named = Target.parse(f"llvm -mtriple={detected.triple} -mcpu={cpu} -num-cores={detected.cores}")
     _check_cpu_known(named)
     return named.model_copy(update={"name": cpu, "l1_bytes": detected.l1_bytes, "l2_bytes": detected.l2_bytes,
-                                    "l3_bytes": detected.l3_bytes})
+                                    "l3_bytes": detected.l3_bytes, **update})
+
+
+def parse_caches(text: str) -> tuple[int, int, int]:
+    """Bytes of `L1,L2,L3` sizes written like 64K,512K,2M (K and M are 1024-based)."""
+    parts = [p.strip() for p in text.split(",")]
+    sizes = []
+    for part in parts:
+        number, unit = part[:-1] if part[-1:] in "KkMm" else part, part[-1:].upper()
+        if len(parts) != 3 or not number.isdigit() or int(number) == 0:
+            raise TargetError(f"caches {text!r} are not three sizes L1,L2,L3 like 64K,512K,2M")
+        sizes.append(int(number) * {"K": 1024, "M": 1024 * 1024}.get(unit, 1))
+    return sizes[0], sizes[1], sizes[2]
 
 
 def _check_cpu_known(target: Target) -> None:

@@ -110,6 +110,8 @@ def runner_serve(
     target: Annotated[str, typer.Option(help="what this device is: 'host' or a target string")] = "host",
     cpu: Annotated[str | None, typer.Option(help="the device's real CPU (LLVM name, e.g. cortex-a76) when it "
                                                  "reads as generic, as under emulation; with --target host")] = None,
+    caches: Annotated[str | None, typer.Option(help="the device's L1 data, L2 and L3 sizes, e.g. 64K,512K,2M, when "
+                                                    "sysfs does not show them (emulation); with --target host")] = None,
     name: Annotated[str, typer.Option(help="name shown in the tracker status (default host:pid)")] = "",
     tls_ca: CaFile = None,
 ) -> None:
@@ -129,10 +131,10 @@ def runner_serve(
     from stages.rpc.client import TrackerError, tls_verify
 
     try:
-        if cpu is not None and target != "host":
-            raise ValueError("--cpu names the CPU of the detected target: give it with --target host, or put "
+        if (cpu is not None or caches is not None) and target != "host":
+            raise ValueError("--cpu and --caches correct the detected target: give them with --target host, or put "
                              "-mcpu= in the --target string")
-        tgt = device_target(cpu) if target == "host" else Target.parse(target)
+        tgt = device_target(cpu, caches) if target == "host" else Target.parse(target)
         RegisterRequest(key=key, target=tgt, name=name)
         url = _url(tracker)
         agent = Agent(url, key, load_token(token_file), tgt, name, verify=tls_verify(url, _ca(tls_ca)))
