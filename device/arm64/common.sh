@@ -27,13 +27,11 @@ need_device() {
     [ -e "$READY" ] || die "no device at $ROOTFS: run 'make arm64-device' first (or set ARM64_ROOT)"
 }
 
-# in_device [SRC:DST:ro|rw ...] -- CMD...: run CMD inside the rootfs as aarch64, with /proc (its cpuinfo
-# an arm64 one, below), a fresh
-# /dev/shm (multiprocessing), no /sys (the host's caches are not the board's: the target falls back to
-# its default caches), this checkout read-only at /tunaflow (imported
-# from there, so the device always runs the checkout's code: nothing to reinstall, nothing to drift;
-# bytecode is cached under /var/cache in the rootfs, keyed on the sources) and the given host files
-# or directories bound at DST.
+# in_device [SRC:DST:ro|rw ...] -- CMD...: run CMD inside the rootfs as aarch64, with /proc (showing an
+# arm64 cpuinfo, below), a fresh /dev/shm (multiprocessing), no /sys (the host's caches are not the
+# board's: see --caches), this checkout read-only at /tunaflow (imported from there, so the device always
+# runs the checkout's code: nothing to reinstall, nothing to drift; bytecode is cached under /var/cache
+# in the rootfs, keyed on the sources) and the given host files or directories bound at DST.
 in_device() {
     local binds=()
     while [ $# -gt 0 ] && [ "$1" != -- ]; do binds+=("$1"); shift; done
@@ -60,10 +58,10 @@ in_device() {
             src=${spec%%:*} rest=${spec#*:} dst=${rest%%:*} mode=${rest#*:}
             if [ -d "$src" ]; then mkdir -p "$rootfs$dst"; else mkdir -p "$(dirname "$rootfs$dst")"; touch "$rootfs$dst"; fi
             mount --bind "$src" "$rootfs$dst"
-            [ "$mode" = ro ] && mount -o remount,bind,ro "$rootfs$dst"
+            if [ "$mode" = ro ]; then mount -o remount,bind,ro "$rootfs$dst"; fi
         done
         exec chroot "$rootfs" /usr/bin/env -i HOME=/root LANG=C.UTF-8 TERM="${TERM:-dumb}" \
-            PATH="$venv/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin" PYTHONPATH=/tunaflow PYTHONPYCACHEPREFIX=/var/cache/tunaflow-pyc \
-            "$@"
+            PATH="$venv/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin" \
+            PYTHONPATH=/tunaflow PYTHONPYCACHEPREFIX=/var/cache/tunaflow-pyc "$@"
     ' in_device "$ROOTFS" "$CHECKOUT" "$VENV" "${#binds[@]}" "${binds[@]}" "$@"
 }
