@@ -83,7 +83,25 @@ class _Call:
     anchor: bool
 
 
-def find_compiler(cc: str | None = None) -> str:
+# A library for another architecture links with Debian's cross compiler for it: (compiler, its package).
+CROSS_COMPILERS = {"aarch64": ("aarch64-linux-gnu-gcc", "gcc-aarch64-linux-gnu")}
+
+
+def find_compiler(cc: str | None = None, triple: str | None = None) -> str:
+    """`cc` if given, else the cross compiler of `triple`'s architecture when it is not this machine's,
+    else the system's cc, gcc or clang."""
+    import llvmlite.binding as llvm
+
+    arch = triple.split("-")[0] if triple else ""
+    if not cc and arch and arch != llvm.get_default_triple().split("-")[0]:
+        if arch not in CROSS_COMPILERS:
+            raise BuildError(f"no cross C compiler known for {triple}'s architecture {arch}; known: "
+                             + ", ".join(f"{c} for {a}" for a, (c, _) in sorted(CROSS_COMPILERS.items())))
+        cross, package = CROSS_COMPILERS[arch]
+        found = shutil.which(cross)
+        if not found:
+            raise BuildError(f"no {cross} found to link the library for {triple}: apt-get install {package}")
+        return found
     found = shutil.which(cc) if cc else next(filter(None, map(shutil.which, ("cc", "gcc", "clang"))), None)
     if not found:
         raise BuildError(f"no C compiler found ({cc or 'cc, gcc or clang'}) to link the library: "
@@ -103,7 +121,7 @@ def build_library(graph: Graph, target: Target, out: Path, threads: int = 1, log
     no_kernel = sorted({n.task.op for n in graph.nodes if n.task is not None} - set(TEMPLATES) - GENERIC_OPS)
     if no_kernel:
         raise BuildError(f"no template for anchor op(s) {no_kernel}; templates exist for {sorted(TEMPLATES)}")
-    compiler = find_compiler(cc)
+    compiler = find_compiler(cc, target.triple)
     tuning_log = TuningLog(log) if log is not None else None
     graph, choices = _implementations(graph, tuning_log, target, threads)
 
