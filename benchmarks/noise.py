@@ -148,7 +148,7 @@ def main(argv: list[str] | None = None) -> None:
         "than half a core busy, or steal exceeded 2%, during a task group's re-measurement.", "",
         *markdown_table(header, rows), "", *rules, "",
         f"Command: `flock /tmp/bench.lock .venv/bin/python benchmarks/noise.py --trials {args.trials} "
-        f"--threads {args.threads}`."])
+        f"--threads {args.threads} --seed {args.seed} --rounds {args.rounds}`."])
     publish("noise", "Tuning under load (issue 24)", body, args.write)
 
 
