@@ -57,7 +57,7 @@ def test_build_then_run_with_inputs_outputs_and_bench(model, tmp_path):
     assert built["padded_hand_offs"] == 0  # its only conv reads the graph input
     assert "use the default schedule" in built["fallback"]
     manifest = json.loads((lib / "manifest.json").read_text())
-    assert manifest["inputs"] == [{"name": "x", "shape": [1, 3, 8, 8], "dtype": "float32"}]
+    assert manifest["inputs"] == [{"name": "x", "shape": [1, 3, 8, 8], "dtype": "float32", "bound": None}]
     assert set(manifest["files"]) == {"model.so", "weights.bin"}
 
     x = RNG.standard_normal((1, 3, 8, 8)).astype(np.float32)
