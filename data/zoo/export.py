@@ -82,16 +82,21 @@ def export(name: str, out: Path, seed: int = 0) -> Path:
     return path
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--models", nargs="+", choices=sorted(MODELS), default=list(MODELS))
+def run(models: dict, export_one, description: str) -> None:
+    """The exporters' command line: --models (default all) and --out (default this folder)."""
+    parser = argparse.ArgumentParser(description=description)
+    parser.add_argument("--models", nargs="+", choices=sorted(models), default=list(models))
     parser.add_argument("--out", type=Path, default=Path(__file__).resolve().parent)
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     for name in args.models:
         start = time.perf_counter()
-        path = export(name, args.out)
+        path = export_one(name, args.out)
         print(f"{name}: {path} ({path.stat().st_size / 1024:.0f} KB) in {time.perf_counter() - start:.1f} s")
+
+
+def main() -> None:
+    run(MODELS, export, __doc__.splitlines()[0])
 
 
 if __name__ == "__main__":

@@ -17,18 +17,13 @@ BERT's outputs are the last hidden state and the pooled output, GPT-2's the last
 
 from __future__ import annotations
 
-import argparse
-import importlib.util
-import time
 from pathlib import Path
 
+import export as zoo  # this folder's torchvision exporter: its command line and the repo's weights module
 import onnx
 import torch
 
-_spec = importlib.util.spec_from_file_location(
-    "weights", Path(__file__).resolve().parents[2] / "stages" / "extract" / "weights.py")
-weights = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(weights)
+weights = zoo.weights
 
 # name -> (architecture, sequence length, exporter)
 MODELS: dict[str, tuple[str, int, str]] = {
@@ -81,15 +76,7 @@ def export(name: str, out: Path, seed: int = 0) -> Path:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--models", nargs="+", choices=sorted(MODELS), default=list(MODELS))
-    parser.add_argument("--out", type=Path, default=Path(__file__).resolve().parent)
-    args = parser.parse_args()
-    args.out.mkdir(parents=True, exist_ok=True)
-    for name in args.models:
-        start = time.perf_counter()
-        path = export(name, args.out)
-        print(f"{name}: {path} ({path.stat().st_size / 1024:.0f} KB) in {time.perf_counter() - start:.1f} s")
+    zoo.run(MODELS, export, __doc__.splitlines()[0])
 
 
 if __name__ == "__main__":
