@@ -85,7 +85,7 @@ def rule_table(sets: int, seed: int) -> list[str]:
         space.config(i) for i in rng.sample(range(space.size), 3000) if space.is_valid(i)][:7]
     opts = MeasureOptions(number=1, repeat=3, min_repeat_ms=5, n_parallel=1)
     runs: dict[bool, list[list[Remeasured]]] = {False: [], True: []}
-    with Builder.for_options(opts) as builder, LocalRunner(opts) as runner:
+    with Builder(opts) as builder, LocalRunner(opts) as runner:
         for loaded in [False, True] * sets:
             with burning(120, bursts=True, seed=seed + len(runs[True])) if loaded else contextlib.nullcontext():
                 done = remeasure(builder, runner, target, [Candidate(task, c) for c in configs], 8, 8)

@@ -246,7 +246,7 @@ def real_section(trials: int) -> list[str]:
              "|---|---|---|---|---|---|---|"]
     for tuner in ("lgbm", "random"):
         options = TuningOptions(n_trials=trials, batch_size=16, tuner=tuner, seed=0, measure=MeasureOptions(threads=1))
-        with tempfile.TemporaryDirectory() as tmp, Builder.for_options(options.measure) as builder, \
+        with tempfile.TemporaryDirectory() as tmp, Builder(options.measure) as builder, \
                 make_runner(options.runner, options.measure) as runner:
             session = TuningSession(task, target, options, TuningLog(tmp))
             default = measure(builder, runner, task, [template_for(task).default_config(task, target)], target)[0]

@@ -5,6 +5,8 @@ database, is the record of truth. The task runs call the very functions the dire
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from prefect import task, unmapped
 from prefect.cache_policies import NO_CACHE
 
@@ -83,4 +85,4 @@ def latency(model_path: str, tuned: str, default: str, threads: int) -> dict[str
 
 STEPS = model.ModelSteps(propose=propose, build=build, run=run, record=record, remeasure=remeasure,
                          extract=extract, build_library=build_library, charts=charts, latency=latency)
-DISTRIBUTED = model.ModelSteps(**{**STEPS.__dict__, "build": build_distributed})
+DISTRIBUTED = replace(STEPS, build=build_distributed)

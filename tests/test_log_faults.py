@@ -48,7 +48,7 @@ mode, path = sys.argv[1], Path(sys.argv[2])
 task, target = matmul_task(24, 40, 16), Target.host()
 options = TuningOptions(n_trials=6, batch_size=3, tuner="random", top_k_remeasure=0,
                         measure=MeasureOptions(number=1, repeat=2, min_repeat_ms=1, n_parallel=1))
-with TuningSession(task, target, options, TuningLog(path)) as s, Builder.for_options(options.measure) as b, \\
+with TuningSession(task, target, options, TuningLog(path)) as s, Builder(options.measure) as b, \\
         make_runner(options.runner, options.measure) as r:
     configs = s.propose()
     s.record(configs, measure(b, r, task, configs, target))

@@ -44,7 +44,7 @@ class ScriptedRunner:
 
 @pytest.fixture(scope="module")
 def builder():
-    with Builder(n_parallel=1) as b:
+    with Builder(MeasureOptions(n_parallel=1)) as b:
         yield b
 
 
@@ -122,7 +122,7 @@ def test_a_core_burning_during_the_rounds_does_not_demote_the_fast_config(host):
                                                                               "mr": 1, "uk": 1})
     os.sched_setaffinity(0, {cpu})  # the worker and the burner share one core
     try:
-        with Builder.for_options(opts) as builder, LocalRunner(opts) as runner:
+        with Builder(opts) as builder, LocalRunner(opts) as runner:
             trials = runner.run(builder.build(TASK, [fast, slow], host))
             assert all(t.ok for t in trials) and trials[0].median < trials[1].median
             with burning(1.5, cpu):  # detached: the probe must see it as another process's load

@@ -197,7 +197,7 @@ def tracker_outage(work: Path) -> Outcome:
         rpc_client.UNREACHABLE_S = 2.0
     try:
         with TuningSession(task, host, options.model_copy(update={"runner": rpc}), log) as session, \
-                Builder.for_options(fast) as builder, make_runner(rpc, fast) as runner:
+                Builder(fast) as builder, make_runner(rpc, fast) as runner:
             lost = session.propose()
             session.record(lost, measure(builder, runner, task, lost, host))
     finally:

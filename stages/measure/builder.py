@@ -53,21 +53,14 @@ def _ignore_sigint() -> None:
 class Builder:
     """Owns a pool of `n_parallel` spawn processes for the life of a session."""
 
-    def __init__(self, n_parallel: int = 0, timeout: float = 30.0, fault_rate: float = 0.0, fault_seed: int = 0):
-        self.n_parallel = n_parallel or len(os.sched_getaffinity(0))
-        self.timeout = timeout
-        self.faults = (fault_rate, fault_seed)
+    def __init__(self, options: MeasureOptions | None = None):
+        self.options = options or MeasureOptions()
+        self.n_parallel = self.options.n_parallel or len(os.sched_getaffinity(0))
         self._pool: Pool | None = None
 
-    @classmethod
-    def for_options(cls, options: MeasureOptions) -> Builder:
-        return cls(options.n_parallel, options.build_timeout, options.fault_rate, options.fault_seed)
-
     @property
-    def options(self) -> MeasureOptions:
-        """What `for_options` would rebuild this builder from (a distributed build's worker does)."""
-        return MeasureOptions(n_parallel=self.n_parallel, build_timeout=self.timeout, fault_rate=self.faults[0],
-                              fault_seed=self.faults[1])
+    def faults(self) -> tuple[float, int]:
+        return self.options.fault_rate, self.options.fault_seed
 
     def _get_pool(self) -> Pool:
         if self._pool is None:
@@ -81,7 +74,7 @@ class Builder:
             return [build_one(task, c, target, threads, *self.faults) for c in configs]
         pool = self._get_pool()
         pending = [(c, pool.apply_async(build_one, (task, c, target, threads, *self.faults))) for c in configs]
-        results = [_collect(handle, task, target, config, self.timeout) for config, handle in pending]
+        results = [_collect(handle, task, target, config, self.options.build_timeout) for config, handle in pending]
         stuck = any(r.error_no == MeasureErrorNo.build_timeout for r in results)
         if stuck:
             self.close()

@@ -103,7 +103,7 @@ def tune_tasks(tasks: list[TuningTask], weights: list[int], target: Target, opti
 def _drive(sessions: list[TuningSession], weights: list[int], target: Target, options: TuningOptions, budget: int,
            scheduler: str, steps: Steps, groups: list[int], runner: Runner) -> None:
     remaining = budget - sum(s.trials for s in sessions)
-    with Builder.for_options(options.measure) as builder:
+    with Builder(options.measure) as builder:
 
         def measure_and_record(s: TuningSession, configs: list[Config]) -> tuple[int, float]:
             builds = steps.build(builder, s.task, configs, target, options.measure.threads)
