@@ -13,9 +13,10 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-OpKind = Literal["matmul", "dense", "batch_matmul", "conv2d", "conv2d_winograd"]
-CONV_OPS = ("conv2d", "conv2d_winograd")  # NCHW x OIHW convolutions, whatever the algorithm
-DType = Literal["float32"]
+OpKind = Literal["matmul", "dense", "batch_matmul", "conv2d", "conv2d_winograd", "qdense", "qconv2d"]
+CONV_OPS = ("conv2d", "conv2d_winograd")  # NCHW x OIHW float convolutions, whatever the algorithm
+QUANT_OPS = ("qdense", "qconv2d")  # int8 anchors: u8/s8 operands, int32 bias, float32 requantize scale
+DType = Literal["float32", "uint8", "int8", "int32"]
 EpilogueKind = Literal[
     "bias", "scale_shift", "relu", "clip", "leaky_relu", "sigmoid", "tanh", "gelu", "gelu_tanh", "swish",
     "hard_sigmoid", "hard_swish", "residual_add",
@@ -67,19 +68,23 @@ class TuningTask(BaseModel):
     def description(self) -> str:
         shapes = ",".join("x".join(map(str, t.shape)) for t in self.inputs)
         epi = "+".join(e.kind for e in self.epilogue)
+        if self.op in QUANT_OPS:  # the dtypes are part of what an int8 task is (u8 or s8 activations)
+            shapes = ",".join("x".join(map(str, t.shape)) for t in self.inputs[:2])
+            shapes += f":{self.inputs[0].dtype}->{self.outputs[0].dtype}"
         return f"{self.op}({shapes})" + (f"+{epi}" if epi else "")
 
     @property
     def flops(self) -> int:
-        """Multiply-adds counted as two FLOPs; epilogues are not counted."""
-        if self.op in ("matmul", "dense"):
+        """Multiply-adds counted as two FLOPs (int8 ones too, so GOPS compare with GFLOPS); epilogues are not
+        counted."""
+        if self.op in ("matmul", "dense", "qdense"):
             m, k = self.inputs[0].shape
             n = self.outputs[0].shape[-1]
             return 2 * m * n * k
         if self.op == "batch_matmul":
             k = self.inputs[0].shape[-1]
             return 2 * self.outputs[0].size * k
-        if self.op in CONV_OPS:
+        if self.op in (*CONV_OPS, "qconv2d"):
             w = self.inputs[1].shape
             return 2 * self.outputs[0].size * w[1] * w[2] * w[3]
         raise ValueError(f"no FLOP count for op {self.op!r}")
