@@ -13,6 +13,7 @@ from stages.codegen import runtime
 from stages.codegen.machine import target_machine
 from stages.codegen.parallel import PARALLEL_FOR
 
+KERNEL_DTYPES = (np.float32, np.int32, np.uint8, np.int8)  # float kernels, and the int8 anchors' operands
 MAIN = "tf_main"
 BENCH = "tf_bench"
 
@@ -48,6 +49,6 @@ class LoadedKernel:
 
 def _pointer_array(args: Sequence[np.ndarray]) -> ctypes.Array:
     for a in args:
-        if not (a.flags.c_contiguous and a.dtype == np.float32):
-            raise ValueError("kernel arguments must be C-contiguous float32 arrays")
+        if not (a.flags.c_contiguous and a.dtype in KERNEL_DTYPES):
+            raise ValueError("kernel arguments must be C-contiguous float32, int32, uint8 or int8 arrays")
     return (ctypes.c_void_p * len(args))(*[a.ctypes.data for a in args])

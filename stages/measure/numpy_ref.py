@@ -8,7 +8,7 @@ import time
 import numpy as np
 from threadpoolctl import threadpool_info, threadpool_limits
 
-from schemas.task import CONV_OPS, TuningTask
+from schemas.task import CONV_OPS, QUANT_OPS, TuningTask
 from stages.templates import template_for
 
 
@@ -42,4 +42,6 @@ def _numpy_fn(task: TuningTask):
         from stages.templates.conv2d_shape import numpy_conv
 
         return lambda xs: numpy_conv(task, xs)
+    if task.op in QUANT_OPS:  # numpy has no int8 kernels: its int64 reference of the spec is what it does
+        return lambda xs: template_for(task).reference(task, xs)
     raise ValueError(f"no numpy reference for op {task.op!r}")

@@ -1,0 +1,97 @@
+"""The schedule space of the int8 GEMM (`qdense`) and its default.
+
+Knobs: `isa` the dot-product path (only those the target runs are valid, see `qgemm_isa`); an
+`mr` x `nv` register tile of int32 vectors; `mc` row tiles and `nc` panels per cache block; `uk`
+unrolls the reduction loop (in 4-byte groups); `order` puts panels or row tiles innermost; `par`
+picks the axis whose blocks threads split (`none`: one thread for tiny work).
+"""
+
+from __future__ import annotations
+
+from schemas.config import Config
+from schemas.target import Target
+from stages.templates.qgemm_isa import ISAS, LANES, PARTS, available, registers
+from stages.templates.space import ConfigSpace, Knob, Knobs, first_valid
+
+MR = (1, 2, 3, 4, 5, 6, 7, 8, 10, 12, 14, 16)
+NV = (1, 2, 3, 4)
+MC = (1, 2, 4, 8, 16, 32, 64)
+NC = (1, 2, 4, 8, 16, 32, 64)
+UK = (1, 2, 4, 8)
+ORDER = ("jr_ir", "ir_jr")
+PAR = ("n", "m", "none")
+SMALL_OPS = 400_000  # below this (~1 us of int8 work) handing half to a pool worker does not pay
+
+
+def tile_registers(isa: str, mr: int, nv: int) -> int:
+    """Vector registers an `mr x nv` tile needs: accumulators, the nv weight vectors, the broadcast."""
+    return mr * nv * PARTS[isa] + nv + 1 + (2 if PARTS[isa] > 1 else 0)
+
+
+def qgemm_space(m: int, n: int, k: int, target: Target) -> ConfigSpace:
+    paths = available(target)
+    groups = -(-k // 4)
+
+    def rule(c: Knobs) -> str | None:
+        isa = str(c["isa"])
+        mr, nv, mc, nc, uk = (int(c[x]) for x in ("mr", "nv", "mc", "nc", "uk"))
+        lanes = LANES[isa]
+        if isa not in paths:
+            return f"isa={isa} is not available on {target.name} (it runs {', '.join(paths)})"
+        if tile_registers(isa, mr, nv) > registers(isa, target):
+            return (f"an {mr}x{nv} {isa} tile needs {tile_registers(isa, mr, nv)} vector registers, "
+                    f"the target has {registers(isa, target)}")
+        if mr > m:
+            return f"mr={mr} exceeds M={m}"
+        if (nv - 1) * lanes >= n:
+            return f"nv={nv} vectors of {lanes} leave a whole vector past N={n}"
+        if uk > 1 and uk > groups:
+            return f"uk={uk} exceeds the {groups} reduction groups of K={k}"
+        if mc > 1 and (mc // 2) * mr >= m:
+            return f"mc={mc} row tiles of {mr} cover M={m} more than twice"
+        if nc > 1 and (nc // 2) * nv * lanes >= n:
+            return f"nc={nc} panels of {nv * lanes} cover N={n} more than twice"
+        return None
+
+    knobs = (Knob("isa", ISAS), Knob("mr", MR), Knob("nv", NV), Knob("mc", MC), Knob("nc", NC), Knob("uk", UK),
+             Knob("order", ORDER), Knob("par", PAR))
+    return ConfigSpace(knobs=knobs, rule=rule)
+
+
+def default_qgemm(m: int, n: int, k: int, target: Target, what: str = "") -> Config:
+    """The fastest path the target runs (the 256-bit one when N fits 8 lanes); a tile 4 vectors wide
+    with 32 registers (2 with 16) and as many rows as the rest of the file holds; a panel block whose
+    bytes (K x nr each) fill half of L2 and a row block whose rows fill half of L1; threads over
+    panels when there are enough of them, else over row tiles. Checked by the space's rule, with
+    fallbacks down to a 1x1 tile (`what` names the task in the error if even that failed)."""
+    sp = qgemm_space(m, n, k, target)
+    paths = available(target)
+    isa = paths[0]
+    if isa == "vnni512" and n <= 8 and "vnni256" in paths:
+        isa = "vnni256"
+    lanes, regs = LANES[isa], registers(isa, target)
+    nv = max(1, min(4 if regs >= 32 else 2, -(-n // lanes)))
+    mr = max([r for r in MR if tile_registers(isa, r, nv) <= regs and r <= m] or [1])
+    nr = nv * lanes
+    tiles, panels = -(-m // mr), -(-n // nr)
+    nc = _fit(NC, max(1, target.l2_bytes // 2 // max(1, k * nr)), panels)
+    mc = _fit(MC, max(1, target.l1_bytes // 2 // max(1, k * mr)), tiles)
+    cores = target.cores
+    par = "n" if panels >= 2 * cores or panels >= tiles else "m"
+    if 2 * m * n * k < SMALL_OPS:
+        par = "none"
+    if par == "n":
+        nc = min(nc, max(c for c in NC if c <= max(1, panels // (2 * cores))))
+    elif par == "m":
+        mc = min(mc, max(c for c in MC if c <= max(1, tiles // (2 * cores))))
+    knobs: Knobs = {"isa": isa, "mr": mr, "nv": nv, "mc": mc, "nc": nc, "uk": 4, "order": "jr_ir", "par": par}
+    smallest: Knobs = {"isa": "generic", "mr": 1, "nv": 1, "mc": 1, "nc": 1, "uk": 1, "order": "jr_ir", "par": "none"}
+    candidates = [knobs, {**knobs, "uk": 1}, {**knobs, "mc": 1, "nc": 1, "uk": 1}, {**smallest, "isa": isa}, smallest]
+    return first_valid(sp, candidates, f"{what or f'int8 GEMM {m}x{n}x{k}'} on {target.name}")
+
+
+def _fit(choices: tuple[int, ...], want: int, extent: int) -> int:
+    """The largest choice <= want, but no larger than needed to cover `extent`."""
+    fitting = [c for c in choices if c <= want] or [choices[0]]
+    covering = [c for c in choices if c >= extent]
+    return min(max(fitting), min(covering)) if covering else max(fitting)
