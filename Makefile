@@ -50,7 +50,9 @@ ARM64_ROOT ?= $(HOME)/.cache/tunaflow/arm64
 # The board the device stands for (a Raspberry Pi 5's Cortex-A76: 64 KiB L1d, 512 KiB L2, 2 MiB L3).
 ARM64_CPU ?= cortex-a76
 ARM64_CACHES ?= 64K,512K,2M
-export ARM64_ROOT
+# The CPU qemu emulates (`qemu-aarch64-static -cpu help`): the board's, so what it lacks traps as there.
+ARM64_QEMU_CPU ?= $(ARM64_CPU)
+export ARM64_ROOT ARM64_CPU ARM64_QEMU_CPU
 
 .PHONY: arm64-device arm64-agent arm64-run arm64-test
 

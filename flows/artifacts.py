@@ -10,13 +10,23 @@ from pathlib import Path
 from prefect.artifacts import create_markdown_artifact, create_progress_artifact, update_progress_artifact
 from prefect.runtime import flow_run
 
+from schemas.options import MeasureOptions, RunnerSpec
 from schemas.target import Target
+from stages.rpc.client import RPCRunner
 from stages.tune.session import TrialEvent
 
 
-def resolve_target(target: Target | str) -> Target:
+def resolve_target(target: Target | str, runner: RunnerSpec) -> Target:
     """A flow's target: whole from the CLI; a preset name, 'host' or an LLVM target string from a deployment
-    or the UI (parsed once, here, so a preset keeps its cache sizes)."""
+    or the UI (parsed once, here, so a preset keeps its cache sizes). With an rpc runner, 'host' is the target
+    the devices under its key registered (as for the CLI's `--runner rpc`), so records are keyed on them."""
+    if target == "host" and runner.kind == "rpc":
+        with RPCRunner.from_spec(runner, MeasureOptions()) as rpc:
+            device = rpc.device_target()
+        if device is None:
+            raise ValueError(f"no device under key {runner.key!r} at {runner.host}:{runner.port}: start one with "
+                             f"`tunaflow runner serve --key {runner.key}`, or give the target")
+        return device.model_copy(update={"name": runner.key})
     return Target.parse(target) if isinstance(target, str) else target
 
 

@@ -29,7 +29,7 @@ def tune_model(model: str, target: Target | str, options: TuningOptions, log_pat
                default_out: str | None = None, progress: bool = False, verify: bool = True,
                limits: ImportLimits | None = None) -> ModelReport:
     """`budget` trials (log included; default 64 per task) over the tasks of `model`, then the library in `out`."""
-    target = resolve_target(target)
+    target = resolve_target(target, options.runner)
 
     @contextlib.contextmanager
     def view(tasks: list[ExtractedTask], total: int):

@@ -21,7 +21,7 @@ from stages.report.progress import TerminalProgress
 def tune_op(op: TuningTask, target: Target | str, options: TuningOptions, log_path: str, charts_dir: str | None = None,
             progress: bool = True, distributed_builds: bool = False) -> OpReport:
     """Tune `op` for `target` until the log holds `options.n_trials` trials for it."""
-    target = resolve_target(target)
+    target = resolve_target(target, options.runner)
     observers = [ProgressArtifact(artifact_key("progress", op.op, op.signature), f"{op.description} on {target.name}",
                                   options.batch_size)]
     with TerminalProgress(op.description, options.n_trials, every=options.batch_size) as bar:

@@ -7,11 +7,13 @@ onnxruntime and the host's own build. Timings under emulation say nothing about 
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import shutil
 import signal
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -19,7 +21,9 @@ import numpy as np
 import pyarrow.compute as pc
 import pyarrow.dataset as ds
 import pytest
+import yaml
 
+from schemas.manifest import MANIFEST, Manifest
 from schemas.measure import MeasureErrorNo
 from schemas.options import MeasureOptions
 from schemas.target import Target
@@ -31,6 +35,9 @@ ARM64_ROOT = Path(os.environ.get("ARM64_ROOT") or Path.home() / ".cache/tunaflow
 CPU = "cortex-a76"
 KEY = "arm64"
 CROSS_CC = "aarch64-linux-gnu-gcc"
+DEPLOYMENT = "cnn-arm64-device"
+needs_cross_cc = pytest.mark.skipif(shutil.which(CROSS_CC) is None,
+                                    reason=f"no {CROSS_CC}: apt-get install gcc-aarch64-linux-gnu")
 
 
 def _skip_reason() -> str | None:
@@ -114,8 +121,9 @@ def test_tuning_over_rpc_for_the_device(device, tmp_path, op):
 
 
 def test_kernels_that_crash_on_the_device_are_recorded_errors(device):
-    """A segfault and a trap (brk) in the shipped object kill a worker on the device, never the agent."""
-    from stages.codegen.compile import compile_ir
+    """A segfault, a trap (brk) and an SVE instruction the board (a Cortex-A76, which qemu emulates) lacks in
+    the shipped object kill a worker on the device, never the agent."""
+    from stages.codegen.compile import assembly, compile_ir
     from stages.measure.artifact import BuildResult
     from stages.measure.inject import inject
     from stages.templates import template_for
@@ -132,16 +140,24 @@ def test_kernels_that_crash_on_the_device_are_recorded_errors(device):
         trap = good.replace('define void @"tf_main"(', 'define void @"tf_main.real"(', 1) + (
             '\ndeclare void @llvm.trap()\n\ndefine void @"tf_main"(i8* %args) {\nentry:\n'
             '  call void @"tf_main.real"(i8* %args)\n  call void @llvm.trap()\n  ret void\n}\n')
+        sve = good.replace('define void @"tf_main"(', 'define void @"tf_main.real"(', 1) + (
+            '\ndeclare i64 @llvm.vscale.i64()\n\ndefine void @"tf_main"(i8* %args) {\nentry:\n'
+            '  %slot = alloca i64\n  %vscale = call i64 @llvm.vscale.i64()\n  store volatile i64 %vscale, i64* %slot\n'
+            '  call void @"tf_main.real"(i8* %args)\n  ret void\n}\n')
+        with_sve = target.model_copy(update={"features": "+sve"})
+        assert "rdvl" in assembly(sve, with_sve)  # SVE's read-vector-length: no Cortex-A76 has it
         builds = [BuildResult(task, target, cfg, compile_ir(text, target).data, 0.0)
                   for text in (good, inject(good, "segfault", len(task.inputs)), trap)]
+        builds.append(BuildResult(task, with_sve, cfg, compile_ir(sve, with_sve).data, 0.0))
         results = runner.run(builds)
-    assert [r.error_no for r in results] == [MeasureErrorNo.no_error, MeasureErrorNo.runtime_error,
-                                             MeasureErrorNo.runtime_error], [r.error_msg for r in results]
+    assert [r.error_no for r in results] == [MeasureErrorNo.no_error, *[MeasureErrorNo.runtime_error] * 3], \
+        [r.error_msg for r in results]
     assert "SIGSEGV" in results[1].error_msg and "SIGTRAP" in results[2].error_msg
+    assert "SIGILL" in results[3].error_msg
     assert agent.poll() is None and any(k.key == KEY and k.devices for k in cluster.status().keys)
 
 
-@pytest.mark.skipif(shutil.which(CROSS_CC) is None, reason=f"no {CROSS_CC}: apt-get install gcc-aarch64-linux-gnu")
+@needs_cross_cc
 def test_the_cnn_built_for_aarch64_runs_on_the_device_and_matches(tmp_path):
     import onnxruntime as ort
 
@@ -167,3 +183,61 @@ def test_the_cnn_built_for_aarch64_runs_on_the_device_and_matches(tmp_path):
           f"vs the host build {float(np.abs(got - host).max()):.2e}")
     assert err < 1e-5 and np.allclose(got, host, rtol=1e-5, atol=1e-6)
     assert _mounts_under_device() == []
+
+
+@needs_cross_cc
+def test_the_arm64_deployment_tunes_the_cnn_on_the_device_and_its_library_runs_there(device, prefect_server,
+                                                                                     tmp_path):
+    """prefect.yaml's arm64 deployment as a user runs it: `prefect deploy --all`, a flow run of it, a process
+    worker executing that run; its trials are measured on the device and keyed on the device's target, and
+    the aarch64 library it builds runs in the device (`make arm64-run`) matching onnxruntime on the host."""
+    import onnxruntime as ort
+    from prefect.client.orchestration import get_client
+    from prefect.deployments import run_deployment
+    from prefect.settings import PREFECT_API_URL
+
+    cluster, _, _ = device
+    (registered,) = [k.target for k in cluster.status().keys if k.key == KEY]
+    spec = {d["name"]: d for d in yaml.safe_load((ROOT / "prefect.yaml").read_text())["deployments"]}[DEPLOYMENT]
+    assert spec["parameters"]["options"]["runner"]["key"] == KEY and spec["parameters"]["target"] == "host"
+    prefect = [sys.executable, "-m", "prefect"]
+    env = {**cluster.env, "PREFECT_API_URL": PREFECT_API_URL.value()}  # the worker holds the token
+    subprocess.run([*prefect, "work-pool", "create", "tunaflow", "--type", "process"], env=env, cwd=ROOT,
+                   capture_output=True, text=True, timeout=120)
+    deployed = subprocess.run([*prefect, "--no-prompt", "deploy", "--all"], env=env, cwd=ROOT,
+                              capture_output=True, text=True, timeout=300)
+    assert deployed.returncode == 0, deployed.stdout + deployed.stderr
+
+    options = spec["parameters"]["options"]
+    options = {**options, "batch_size": 4, "runner": {**options["runner"], "port": cluster.port}}
+    log, lib = tmp_path / "log", tmp_path / "lib"
+    start = time.monotonic()
+    flow_run = run_deployment(f"tune-model/{DEPLOYMENT}", timeout=0, parameters={
+        "budget": 20, "options": options, "log_path": str(log), "out": str(lib)})
+    worker = subprocess.run([*prefect, "worker", "start", "--pool", "tunaflow", "--run-once"], env=env, cwd=ROOT,
+                            capture_output=True, text=True, timeout=1800)
+
+    async def state() -> str:
+        async with get_client() as client:
+            return (await client.read_flow_run(flow_run.id)).state.type.value
+
+    assert asyncio.run(state()) == "COMPLETED", worker.stdout[-3000:] + worker.stderr[-3000:]
+    print(f"{DEPLOYMENT}: deployment run by a worker in {time.monotonic() - start:.1f} s")
+    table = ds.dataset(log).to_table()
+    assert set(table["target_key"].to_pylist()) == {registered.key}  # measured on, and keyed on, the device
+    errors = pc.struct_field(table["result"], "error_no").to_pylist()
+    assert len(errors) >= 20 and set(errors) == {int(MeasureErrorNo.no_error)}
+    manifest = Manifest.model_validate_json((lib / MANIFEST).read_text())
+    assert manifest.target_key == registered.key and any(op.kind == "tuned" for op in manifest.ops)
+
+    x = np.random.default_rng(5).standard_normal((1, 3, 64, 64)).astype(np.float32)
+    np.savez(tmp_path / "in.npz", input=x)
+    expected = ort.InferenceSession(str(ROOT / spec["parameters"]["model"]),
+                                    providers=["CPUExecutionProvider"]).run(None, {"input": x})[0]
+    ran = subprocess.run(["make", "-s", "arm64-run", f"LIB={lib}", f"INPUTS={tmp_path / 'in.npz'}",
+                          f"OUTPUT={tmp_path / 'out.npz'}", f"ARM64_ROOT={ARM64_ROOT}"], cwd=ROOT,
+                         capture_output=True, text=True, timeout=600)
+    assert ran.returncode == 0, ran.stdout + ran.stderr
+    err = float(np.abs(np.load(tmp_path / "out.npz")["logits"] - expected).max() / np.abs(expected).max())
+    print(f"{DEPLOYMENT}'s library in the device vs onnxruntime: max error {err:.2e} of the max abs output")
+    assert err < 1e-5

@@ -9,6 +9,9 @@ ROOTFS=$ARM64_ROOT/rootfs
 READY=$ARM64_ROOT/.ready
 CHECKOUT=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
 VENV=/opt/tunaflow-venv
+# The CPU qemu emulates: the board's (default ARM64_CPU), so an instruction the board lacks (SVE on a
+# Cortex-A76) traps in the device as it would on the board; qemu's default `max` has every extension.
+QEMU_CPU=${ARM64_QEMU_CPU:-${ARM64_CPU:-cortex-a76}}
 
 die() { echo "arm64-device: $*" >&2; exit 2; }
 
@@ -21,6 +24,10 @@ enable_binfmt() {
     [ -e /proc/sys/fs/binfmt_misc/status ] || mount -t binfmt_misc binfmt_misc /proc/sys/fs/binfmt_misc
     [ -e /proc/sys/fs/binfmt_misc/qemu-aarch64 ] || update-binfmts --enable qemu-aarch64
     grep -q '^enabled' /proc/sys/fs/binfmt_misc/qemu-aarch64 || die "binfmt entry qemu-aarch64 is disabled"
+    local cpus
+    cpus=$(qemu-aarch64-static -cpu help | sed -n 's/^ \+//p' || true)  # help exits 1
+    grep -qx "$QEMU_CPU" <<< "$cpus" ||
+        die "qemu emulates no CPU '$QEMU_CPU' (ARM64_QEMU_CPU, default ARM64_CPU); it knows:" $cpus
 }
 
 need_device() {
@@ -47,7 +54,7 @@ in_device() {
     done > "$cpuinfo"
     binds=("$cpuinfo:/proc/cpuinfo:ro" "${binds[@]}")
     unshare --mount --propagation private -- /bin/bash -euo pipefail -c '
-        rootfs=$1 checkout=$2 venv=$3 nbinds=$4; shift 4
+        rootfs=$1 checkout=$2 venv=$3 qemu_cpu=$4 nbinds=$5; shift 5
         mount -t proc proc "$rootfs/proc"
         mount -t tmpfs -o mode=1777 tmpfs "$rootfs/dev/shm"
         mkdir -p "$rootfs/tunaflow"
@@ -60,8 +67,8 @@ in_device() {
             mount --bind "$src" "$rootfs$dst"
             if [ "$mode" = ro ]; then mount -o remount,bind,ro "$rootfs$dst"; fi
         done
-        exec chroot "$rootfs" /usr/bin/env -i HOME=/root LANG=C.UTF-8 TERM="${TERM:-dumb}" \
+        exec chroot "$rootfs" /usr/bin/env -i HOME=/root LANG=C.UTF-8 TERM="${TERM:-dumb}" QEMU_CPU="$qemu_cpu" \
             PATH="$venv/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin" \
             PYTHONPATH=/tunaflow PYTHONPYCACHEPREFIX=/var/cache/tunaflow-pyc "$@"
-    ' in_device "$ROOTFS" "$CHECKOUT" "$VENV" "${#binds[@]}" "${binds[@]}" "$@"
+    ' in_device "$ROOTFS" "$CHECKOUT" "$VENV" "$QEMU_CPU" "${#binds[@]}" "${binds[@]}" "$@"
 }
