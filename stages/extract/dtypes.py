@@ -11,8 +11,9 @@ import numpy as np
 from onnx import helper
 
 from schemas.errors import ModelError
+from stages.extract.quant_infer import DTYPES as QUANT_DTYPES
 
-RUNTIME_DTYPES = ("float32", "int64", "int32", "bool")
+RUNTIME_DTYPES = ("float32", "int64", "int32", "bool", "uint8", "int8")
 BOOL_RESULT = frozenset({"Equal", "Less", "Greater", "LessOrEqual", "GreaterOrEqual", "And", "Or", "Xor", "Not",
                          "IsNaN", "IsInf"})
 
@@ -35,6 +36,8 @@ def out_dtypes(op: str, ins: list[str], attrs: dict, outputs: int) -> list[str]:
     """Output types of a normalised node from its inputs' types."""
     if op in BOOL_RESULT:
         return ["bool"]
+    if op in QUANT_DTYPES:
+        return QUANT_DTYPES[op](ins, attrs)
     if op == "Cast":
         return [attrs["to"]]
     if op == "Where":

@@ -36,6 +36,7 @@ class Ctx:
     node: str = ""
     used: set[str] = field(default_factory=set)
     counter: list[int] = field(default_factory=lambda: [0])
+    quantized: dict[str, Emit] = field(default_factory=dict)  # folded DequantizeLinear outputs: their node
 
     def shape(self, name: str) -> tuple[int, ...]:
         return self.shapes[name]

@@ -31,6 +31,7 @@ from stages.extract.folding import FOLD_ONLY, scratch
 from stages.extract.normalize import NORMALIZERS as FLOAT_NORMALIZERS
 from stages.extract.normalize import Ctx
 from stages.extract.normalize_index import INDEX_NORMALIZERS
+from stages.extract.quant import QUANT_NORMALIZERS, keep_unfolded
 from stages.extract.shapes import SHAPES, infer
 from stages.extract.weights import has_data
 from stages.graph.ir import Graph, Node, Value
@@ -45,7 +46,7 @@ SHAPE_ONLY: dict[str, Callable[[dict, tuple[int, ...]], np.ndarray]] = {
     "Size": lambda raw, shape: np.array(math.prod(shape), dtype=np.int64),
 }
 ALIASES = ("Identity", "Dropout")
-NORMALIZERS = {**FLOAT_NORMALIZERS, **INDEX_NORMALIZERS}
+NORMALIZERS = {**FLOAT_NORMALIZERS, **INDEX_NORMALIZERS, **QUANT_NORMALIZERS}
 SUPPORTED = sorted({*NORMALIZERS, *FOLD_ONLY, *SHAPE_ONLY, *ALIASES})
 
 
@@ -231,7 +232,7 @@ def _import_node(op: str, name: str, ins: list[str], outs: list[str], raw: dict,
         return
     for new_op, new_ins, new_outs, attrs in NORMALIZERS[op](ins, outs, raw, ctx):
         live_ins = [i for i in new_ins if i]
-        if all(i in ctx.consts for i in live_ins):
+        if all(i in ctx.consts for i in live_ins) and not keep_unfolded(new_op, attrs):
             _fold_normalised(op, name, new_op, new_outs, [ctx.consts[i] for i in live_ins], attrs, ctx, budget)
             continue
         in_shapes = [ctx.shapes[i] for i in live_ins]

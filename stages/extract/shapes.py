@@ -7,6 +7,7 @@ from collections.abc import Callable
 import numpy as np
 
 from schemas.errors import ModelError
+from stages.extract.quant_infer import SHAPES as QUANT_SHAPES
 from stages.graph.reference import pool_out
 
 Shape = tuple[int, ...]
@@ -112,6 +113,7 @@ def _gather_nd(s: list[Shape], a: dict) -> list[Shape]:
 
 
 SHAPES: dict[str, Callable[[list[Shape], dict], list[Shape]]] = {
+    **QUANT_SHAPES,
     **{op: _same for op in ("Relu", "Sigmoid", "Tanh", "Erf", "Sqrt", "LeakyRelu", "Gelu", "Clip", "Softmax",
                             "LogSoftmax", "LRN", "LayerNormalization", "Abs", "Neg", "Exp", "Log", "Reciprocal",
                             "Floor", "Ceil", "Sign", "Softplus", "Softsign", "Elu", "Selu", "HardSigmoid", "Shrink",

@@ -33,6 +33,7 @@ from schemas.task import CONV_OPS, TuningTask
 from stages.graph.epilogue import apply_reference
 from stages.graph.ir import Graph, Node
 from stages.graph.reference_index import INDEX_OPS
+from stages.graph.reference_quant import QUANT_OPS
 
 OpFn = Callable[[list[np.ndarray], dict], list[np.ndarray]]
 
@@ -327,4 +328,5 @@ OPS: dict[str, OpFn] = {
                              + (args[2].reshape(1, -1, 1, 1) if len(args) > 2 else 0)],
     "BatchNormalization": _batch_norm,
     **INDEX_OPS,
+    **QUANT_OPS,
 }

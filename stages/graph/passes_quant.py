@@ -1,0 +1,237 @@
+"""Quantized graphs to int8 nodes (the first pass of `optimize`), as QDQ models and QLinear* imports come in.
+
+1. Anchors: DequantizeLinear(x) and a constant DequantizeLinear(W) (and of the int32 bias, or a float
+   bias) -> Conv / Gemm / MatMul -> [Relu | Clip] -> QuantizeLinear becomes one canonical `qconv2d` or
+   `qdense` node (reference_quant.py gives its arithmetic): integer weights [N, ...] (zero point
+   subtracted; a weight whose values minus its zero point leave int8 keeps the float form), int32 bias
+   round(b / (sx * sw[n])), multiplier S = sx * sw[n] / sy in float32 (alpha folded in), Relu and Clip as
+   clamps in the quantized domain (exact: quantizing is monotone). x and y are per-tensor.
+2. Int8 memory-bound ops: DequantizeLinear -> MaxPool / Reshape / Flatten / Concat -> QuantizeLinear whose
+   scales and zero points all agree reads and writes the integers directly (exact: max and copies commute
+   with a monotone affine map).
+3. Every DequantizeLinear of constants left becomes a float constant; every other Q/DQ runs as a
+   memory-bound kernel, and whatever lies between them (a residual Add, pooling, activations) in float.
+
+`task_fields` turns a canonical node into its TuningTask fields; the nodes keep `task = None` (a generated
+loop kernel, stages/memops/quant.py) until an int8 template serves them.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from stages.graph.ir import Graph, Node, Value
+from stages.graph.reference_quant import dequantize, limits, quantize
+
+ANCHOR_OPS = ("Conv", "Gemm", "MatMul")
+INT8_MEMORY_OPS = ("MaxPool", "Reshape", "Flatten", "Concat")
+
+
+def quantize_graph(g: Graph) -> None:
+    for node in [n for n in g.nodes if n.op in ANCHOR_OPS]:
+        _anchor(g, node)
+    for node in [n for n in g.nodes if n.op in INT8_MEMORY_OPS]:
+        _memory_op(g, node)
+    _fold_constant_dequantize(g)
+
+
+def task_fields(g: Graph, node: Node) -> dict:
+    """The TuningTask fields (op, inputs, outputs, attrs, epilogue) of a canonical `qconv2d` / `qdense` node, as
+    plain data: `TuningTask(**task_fields(g, node))` once the task schema has the int8 dtypes. X of a qdense is
+    its [M, K] view; W, B, S are the node's constants."""
+    a = node.attrs
+    w = g.constants[node.inputs[1]]
+    x_shape = g.values[node.inputs[0]].shape
+    y_shape = g.values[node.outputs[0]].shape
+    if node.op == "qdense":
+        x_shape, y_shape = (math.prod(x_shape[:-1]), x_shape[-1]), (math.prod(y_shape[:-1]), y_shape[-1])
+    inputs = [{"shape": x_shape, "dtype": a["x_dtype"]}, {"shape": w.shape, "dtype": "int8"},
+              {"shape": (w.shape[0],), "dtype": "int32"}, {"shape": (w.shape[0],), "dtype": "float32"}]
+    attrs = {"x_zero_point": int(a["x_zero_point"]), "y_zero_point": int(a["y_zero_point"])}
+    if node.op == "qconv2d":
+        attrs.update({k: tuple(a[k]) for k in ("strides", "pads", "dilations")}, group=int(a["group"]))
+    epilogue = [{"kind": op["kind"], "attrs": {k: float(v) for k, v in op.items() if k != "kind"}}
+                for op in a["epilogue"]]
+    return {"op": node.op, "inputs": inputs, "outputs": [{"shape": y_shape, "dtype": a["y_dtype"]}],
+            "attrs": attrs, "epilogue": epilogue}
+
+
+# --- helpers ------------------------------------------------------------------------------------------
+
+def _const(g: Graph, name: str, value: np.ndarray) -> str:
+    """Store a constant of any dtype under `name` (suffixed if taken)."""
+    base, i = name, 0
+    while name in g.values or name in g.constants:
+        i += 1
+        name = f"{base}.{i}"
+    g.constants[name] = np.ascontiguousarray(value)
+    g.values[name] = Value(name, g.constants[name].shape, g.constants[name].dtype.name)
+    return name
+
+
+def _qparams(g: Graph, node: Node) -> tuple[np.ndarray, np.ndarray, int | None]:
+    """(scale float32 1-D, zero point int64 1-D, axis) of a Q or DQ node."""
+    s = g.constants[node.inputs[1]].astype(np.float32).reshape(-1)
+    z = g.constants[node.inputs[2]].astype(np.int64).reshape(-1)
+    return s, z, node.attrs.get("axis")
+
+
+def _same_params(g: Graph, a: Node, b: Node) -> bool:
+    sa, za, xa = _qparams(g, a)
+    sb, zb, xb = _qparams(g, b)
+    return (xa is None and xb is None and sa.tobytes() == sb.tobytes() and za.tobytes() == zb.tobytes()
+            and g.constants[a.inputs[2]].dtype == g.constants[b.inputs[2]].dtype)
+
+
+def _run_time_dq(g: Graph, name: str, prod: dict[str, Node]) -> Node | None:
+    """The per-tensor DequantizeLinear of a run-time int8 tensor producing `name`, if that is what does."""
+    dq = prod.get(name)
+    if dq is None or dq.op != "DequantizeLinear" or dq.inputs[0] in g.constants or dq.attrs.get("axis") is not None:
+        return None
+    return dq if g.values[dq.inputs[0]].dtype in ("uint8", "int8") else None
+
+
+def _const_dq(g: Graph, name: str, prod: dict[str, Node]) -> Node | None:
+    dq = prod.get(name)
+    if dq is None or dq.op != "DequantizeLinear" or any(i not in g.constants for i in dq.inputs):
+        return None
+    return dq
+
+
+def _epilogue_chain(g: Graph, out: str, users: dict[str, list[Node]]) -> tuple[list[Node], Node] | None:
+    """Relu / Clip nodes then the per-tensor QuantizeLinear after an anchor's output, each the sole reader."""
+    chain: list[Node] = []
+    while True:
+        nxt = g.sole_consumer(out, users)
+        if nxt is None:
+            return None
+        if nxt.op == "QuantizeLinear":
+            return (chain, nxt) if nxt.attrs.get("axis") is None else None
+        if nxt.op not in ("Relu", "Clip"):
+            return None
+        chain.append(nxt)
+        out = nxt.outputs[0]
+
+
+# --- 1. anchors ---------------------------------------------------------------------------------------
+
+def _anchor(g: Graph, node: Node) -> None:
+    prod, users = g.producer(), g.consumers()
+    dq_x = _run_time_dq(g, node.inputs[0], prod)
+    dq_w = _const_dq(g, node.inputs[1], prod)
+    tail = _epilogue_chain(g, node.outputs[0], users)
+    if dq_x is None or dq_w is None or tail is None:
+        return
+    chain, q = tail
+    weights = _weights(g, node, dq_w)
+    if weights is None:
+        return
+    w, sw = weights
+    sx, zx, _ = _qparams(g, dq_x)
+    sy, zy, _ = _qparams(g, q)
+    alpha = np.float32(node.attrs.get("alpha", 1.0)) if node.op == "Gemm" else np.float32(1)
+    multiplier = (np.float32(sx[0]) * sw) / np.float32(sy[0]) * alpha
+    bias = _bias(g, node, prod, np.float32(sx[0]) * sw, w.shape[0])
+    if bias is None:
+        return
+    y_dtype = g.constants[q.inputs[2]].dtype.name
+    epilogue = [_clamp(op, sy[0], int(zy[0]), y_dtype) for op in chain]
+    attrs = {"x_zero_point": int(zx[0]), "y_zero_point": int(zy[0]), "x_dtype": g.values[dq_x.inputs[0]].dtype,
+             "y_dtype": y_dtype, "epilogue": epilogue}
+    if node.op == "Conv":
+        attrs.update({k: list(node.attrs[k]) for k in ("strides", "pads", "dilations")}, group=int(node.attrs["group"]))
+    new = Node(node.name, "qconv2d" if node.op == "Conv" else "qdense",
+               [dq_x.inputs[0], _const(g, f"{node.name}.w_q", w), _const(g, f"{node.name}.b_q", bias),
+                _const(g, f"{node.name}.requant", multiplier.astype(np.float32))], list(q.outputs), attrs)
+    gone = {id(n) for n in (*chain, q)}
+    g.nodes = [new if n is node else n for n in g.nodes if id(n) not in gone]
+
+
+def _weights(g: Graph, node: Node, dq_w: Node) -> tuple[np.ndarray, np.ndarray] | None:
+    """int8 weights laid out [N, ...] (dense: [N, K]) with their zero point taken out, and their scale per N."""
+    raw = g.constants[dq_w.inputs[0]]
+    s, z, axis = _qparams(g, dq_w)
+    if raw.dtype.name not in ("int8", "uint8"):
+        return None
+    n_axis = 0
+    if node.op == "MatMul" or (node.op == "Gemm" and not node.attrs.get("transB", 0)):
+        n_axis = 1
+    if node.op == "Gemm" and node.attrs.get("transA", 0) or raw.ndim != (4 if node.op == "Conv" else 2):
+        return None
+    if axis is not None and axis != n_axis:
+        return None
+    n = raw.shape[n_axis]
+    zero = z.reshape((-1,) + (1,) * (raw.ndim - n_axis - 1)) if axis is not None else z[0]
+    w = raw.astype(np.int64) - zero
+    if w.min() < -128 or w.max() > 127:
+        return None
+    if n_axis == 1:
+        w = w.T
+    return w.astype(np.int8), np.broadcast_to(s, (n,)).astype(np.float32)
+
+
+def _bias(g: Graph, node: Node, prod: dict[str, Node], bias_scale: np.ndarray, n: int) -> np.ndarray | None:
+    """The int32 bias: the quantizer's integers when their scale is sx * sw, else the float bias rounded."""
+    if len(node.inputs) < 3 or not node.inputs[2]:
+        return np.zeros(n, np.int32)
+    name = node.inputs[2]
+    dq = _const_dq(g, name, prod)
+    if dq is not None:
+        raw = g.constants[dq.inputs[0]]
+        s, z, _ = _qparams(g, dq)
+        if raw.dtype == np.int32 and raw.size == n and not z.any() and np.broadcast_to(s, (n,)).tobytes() == \
+                bias_scale.tobytes() and node.attrs.get("beta", 1.0) == 1.0:
+            return raw.reshape(-1).astype(np.int32)
+        value = dequantize(raw, g.constants[dq.inputs[1]], g.constants[dq.inputs[2]], dq.attrs["axis"])
+    elif name in g.constants:
+        value = g.constants[name]
+    else:
+        return None
+    value = np.asarray(value, np.float64) * node.attrs.get("beta", 1.0)
+    if value.size not in (1, n):
+        return None
+    exact = np.rint(np.broadcast_to(value.reshape(-1), (n,)) / bias_scale.astype(np.float64))
+    if np.abs(exact).max(initial=0) >= 2 ** 31:
+        return None
+    return exact.astype(np.int32)
+
+
+def _clamp(op: Node, sy: float, zy: int, dtype: str) -> dict:
+    """Relu / Clip after the anchor as a clamp of the quantized output (Q(clip(y)) = clip(Q(y)): Q is monotone)."""
+    if op.op == "Relu":
+        return {"kind": "relu"}
+    lo, hi = limits(dtype)
+    bounds = [float(op.attrs.get("min", -np.inf)), float(op.attrs.get("max", np.inf))]
+    qs = [int(quantize(np.array([np.clip(b, -3e38, 3e38)], np.float32), np.array(sy), np.array(zy), None, dtype)[0])
+          for b in bounds]
+    return {"kind": "clip", "min": max(lo, qs[0]), "max": min(hi, qs[1])}
+
+
+# --- 2. int8 memory-bound ops ---------------------------------------------------------------------------
+
+def _memory_op(g: Graph, node: Node) -> None:
+    prod, users = g.producer(), g.consumers()
+    dqs = [_run_time_dq(g, i, prod) for i in node.inputs]
+    q = g.sole_consumer(node.outputs[0], users)
+    if q is None or q.op != "QuantizeLinear" or any(d is None or not _same_params(g, d, q) for d in dqs):
+        return
+    node.inputs = [d.inputs[0] for d in dqs]
+    node.outputs = list(q.outputs)
+    g.nodes = [n for n in g.nodes if n is not q]
+
+
+# --- 3. constants ---------------------------------------------------------------------------------------
+
+def _fold_constant_dequantize(g: Graph) -> None:
+    kept = []
+    for node in g.nodes:
+        if node.op == "DequantizeLinear" and all(i in g.constants for i in node.inputs):
+            x, s, z = (g.constants[i] for i in node.inputs)
+            out = node.outputs[0]
+            g.constants[out] = np.ascontiguousarray(dequantize(x, s, z, node.attrs["axis"]), dtype=np.float32)
+            g.values[out] = Value(out, g.constants[out].shape)
+        else:
+            kept.append(node)
+    g.nodes = kept

@@ -1,0 +1,133 @@
+"""The numpy reference of the quantized ops (normalised as stages/extract/quant.py says) and of the canonical
+int8 anchors `qconv2d` / `qdense` (stages/graph/passes_quant.py), with ONNX's arithmetic: float32 division
+by the scale, round half to even, saturation; integer products accumulated exactly.
+
+Canonical anchors: inputs [X (uint8|int8), W (int8), B (int32, [N]), S (float32, [N])], attrs `x_zero_point`,
+`y_zero_point`, `x_dtype`, `y_dtype`, `epilogue` (a list of {"kind": "relu"} / {"kind": "clip", "min": q,
+"max": q}, bounds in the quantized domain); qconv2d also `strides`, `pads`, `dilations`, `group` as conv2d.
+    y = clamp(saturate(round_half_even(float32(acc_i32) * S[n]) + zy))
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import numpy as np
+
+OpFn = Callable[[list[np.ndarray], dict], list[np.ndarray]]
+
+
+def limits(dtype: str) -> tuple[int, int]:
+    info = np.iinfo(dtype)
+    return int(info.min), int(info.max)
+
+
+def per_axis(p: np.ndarray, rank: int, axis: int | None) -> np.ndarray:
+    """A scale or zero point shaped to broadcast against a rank-`rank` tensor along `axis` (None: a scalar)."""
+    flat = np.asarray(p).reshape(-1)
+    if axis is None:
+        return flat[0]
+    return flat.reshape((-1,) + (1,) * (rank - axis - 1))
+
+
+def quantize(x: np.ndarray, scale: np.ndarray, zp: np.ndarray, axis: int | None, dtype: str) -> np.ndarray:
+    lo, hi = limits(dtype)
+    s = per_axis(scale, x.ndim, axis).astype(np.float32)
+    z = per_axis(zp, x.ndim, axis).astype(np.float32)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        q = np.rint(x.astype(np.float32) / s) + z
+    return np.clip(np.nan_to_num(q, nan=0.0), lo, hi).astype(dtype)
+
+
+def dequantize(x: np.ndarray, scale: np.ndarray, zp: np.ndarray, axis: int | None) -> np.ndarray:
+    s = per_axis(scale, x.ndim, axis).astype(np.float32)
+    z = per_axis(zp, x.ndim, axis).astype(np.int64)
+    return (x.astype(np.int64) - z).astype(np.float32) * s
+
+
+def dynamic_params(x: np.ndarray) -> tuple[np.float32, np.uint8]:
+    """DynamicQuantizeLinear's scale and zero point: the range of x widened to hold 0, over uint8's 255 steps."""
+    lo = np.float32(min(float(x.min()), 0.0)) if x.size else np.float32(0)
+    hi = np.float32(max(float(x.max()), 0.0)) if x.size else np.float32(0)
+    scale = np.float32((hi - lo) / np.float32(255))
+    if scale == 0:
+        return scale, np.uint8(0)
+    return scale, np.uint8(np.clip(np.rint(np.float32(0) - lo / scale), 0, 255))
+
+
+def _dynamic_quantize(args: list[np.ndarray], a: dict) -> list[np.ndarray]:
+    x = args[0]
+    scale, zp = dynamic_params(x)
+    y = quantize(x, np.array(scale), np.array(zp), None, "uint8") if scale > 0 else np.zeros(x.shape, np.uint8)
+    return [y, np.array(scale, np.float32), np.array(zp, np.uint8)]
+
+
+def int_conv(x: np.ndarray, w: np.ndarray, strides, pads, dilations, group: int) -> np.ndarray:
+    """Exact NCHW x OIHW convolution of integer arrays (zero padding), as int64."""
+    n, c, h, wd = x.shape
+    o, cg, kh, kw = w.shape
+    (sh, sw), (dh, dw), (pt, pl, pb, pr) = strides, dilations, pads
+    oh = (h + pt + pb - (dh * (kh - 1) + 1)) // sh + 1
+    ow = (wd + pl + pr - (dw * (kw - 1) + 1)) // sw + 1
+    xp = np.pad(x.astype(np.int64), ((0, 0), (0, 0), (pt, pb), (pl, pr)))
+    xp = xp.reshape(n, group, cg, h + pt + pb, wd + pl + pr)
+    wg = w.astype(np.int64).reshape(group, o // group, cg, kh, kw)
+    out = np.zeros((n, group, o // group, oh, ow), dtype=np.int64)
+    for i in range(kh):
+        for j in range(kw):
+            patch = xp[..., i * dh: i * dh + sh * (oh - 1) + 1: sh, j * dw: j * dw + sw * (ow - 1) + 1: sw]
+            out += np.einsum("ngchw,goc->ngohw", patch, wg[..., i, j])
+    return out.reshape(n, o, oh, ow)
+
+
+def requantize(acc: np.ndarray, multiplier: np.ndarray, a: dict, axis: int) -> np.ndarray:
+    """saturate(round_half_even(float32(acc) * S) + zy), then the epilogue's clamps."""
+    lo, hi = limits(a["y_dtype"])
+    for op in a.get("epilogue", ()):
+        if op["kind"] == "relu":
+            lo = max(lo, int(a["y_zero_point"]))
+        else:
+            lo, hi = max(lo, int(op["min"])), min(hi, int(op["max"]))
+    s = per_axis(multiplier, acc.ndim, axis).astype(np.float32)
+    y = np.rint(acc.astype(np.int32).astype(np.float32) * s) + np.float32(a["y_zero_point"])
+    return np.clip(y, lo, hi).astype(a["y_dtype"])
+
+
+def _qconv2d(args: list[np.ndarray], a: dict) -> list[np.ndarray]:
+    x, w, bias, mult = args
+    xs = x.astype(np.int64) - int(a["x_zero_point"])
+    acc = int_conv(xs, w, a["strides"], a["pads"], a["dilations"], int(a["group"])) + bias.reshape(1, -1, 1, 1)
+    return [requantize(acc, mult, a, 1)]
+
+
+def _qdense(args: list[np.ndarray], a: dict) -> list[np.ndarray]:
+    x, w, bias, mult = args
+    acc = (x.astype(np.int64) - int(a["x_zero_point"])) @ w.astype(np.int64).T + bias.astype(np.int64)
+    return [requantize(acc, mult, a, acc.ndim - 1)]
+
+
+def _conv_integer(args: list[np.ndarray], a: dict) -> list[np.ndarray]:
+    x, w, xz, wz = args
+    ws = w.astype(np.int64) - per_axis(wz, 4, 0 if np.asarray(wz).size > 1 else None).astype(np.int64)
+    acc = int_conv(x.astype(np.int64) - int(np.asarray(xz).reshape(-1)[0]), ws, a["strides"], a["pads"],
+                   a["dilations"], int(a["group"]))
+    return [acc.astype(np.int32)]
+
+
+def _matmul_integer(args: list[np.ndarray], a: dict) -> list[np.ndarray]:
+    x, w, xz, wz = args
+    xz64 = np.asarray(xz, dtype=np.int64)
+    xs = x.astype(np.int64) - (xz64.reshape(-1, 1) if xz64.size > 1 else xz64.reshape(()))
+    ws = w.astype(np.int64) - np.asarray(wz, dtype=np.int64).reshape(-1)
+    return [np.matmul(xs, ws).astype(np.int32)]
+
+
+QUANT_OPS: dict[str, OpFn] = {
+    "QuantizeLinear": lambda args, a: [quantize(args[0], args[1], args[2], a["axis"], a["dtype"])],
+    "DequantizeLinear": lambda args, a: [dequantize(args[0], args[1], args[2], a["axis"])],
+    "DynamicQuantizeLinear": _dynamic_quantize,
+    "ConvInteger": _conv_integer,
+    "MatMulInteger": _matmul_integer,
+    "qconv2d": _qconv2d,
+    "qdense": _qdense,
+}
