@@ -21,7 +21,8 @@ from stages.codegen.irb import F32, I32, I64, VOIDP, for_range, i64, intrinsic
 from stages.codegen.parallel import PARALLEL_FOR
 from stages.graph.ir import Graph, Node
 
-ELEMENT: dict[str, ir.Type] = {"float32": F32, "int64": I64, "int32": I32, "bool": ir.IntType(8)}
+ELEMENT: dict[str, ir.Type] = {"float32": F32, "int64": I64, "int32": I32, "bool": ir.IntType(8),
+                               "uint8": ir.IntType(8), "int8": ir.IntType(8)}
 STATUS = "\0status"  # the slot of tf_run's i64[3] status: (failed, the bad value, the extent it had to be in)
 
 

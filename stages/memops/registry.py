@@ -10,12 +10,12 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from stages.memops import conv_transpose, elementwise, indexing, layout, reduce, typed
+from stages.memops import conv_transpose, elementwise, indexing, layout, quant, reduce, typed
 from stages.memops.opctx import OpCtx, UnsupportedOp
 
 Generator = Callable[[OpCtx], None]
 FLOAT_OPS: dict[str, Generator] = {**elementwise.OPS, **reduce.OPS, **conv_transpose.OPS}
-ANY_TYPE: dict[str, Generator] = {**layout.OPS, **typed.TYPED_OPS, **indexing.OPS}
+ANY_TYPE: dict[str, Generator] = {**layout.OPS, **typed.TYPED_OPS, **indexing.OPS, **quant.OPS}
 OPS: dict[str, Generator] = {**FLOAT_OPS, **ANY_TYPE}
 ALIASES = layout.ALIASES
 
@@ -31,6 +31,8 @@ def generator(ctx: OpCtx) -> Generator:
         return FLOAT_OPS[op]
     if op in typed.INT_OPS and len(types) == 1 and types[0] in ("int64", "int32"):
         return typed.INT_OPS[op]
+    if op in quant.INT8_OPS and len(types) == 1 and types[0] in ("uint8", "int8"):
+        return quant.INT8_OPS[op]
     raise ctx.unsupported(f"its run-time tensors are {', '.join(types)}; this op runs on float32"
                           + (" or on int64/int32 throughout" if op in typed.INT_OPS else " only"))
 

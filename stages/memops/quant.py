@@ -1,0 +1,310 @@
+"""Run-time kernels of the quantized ops: Quantize/DequantizeLinear, DynamicQuantizeLinear, ConvInteger,
+MatMulInteger, an int8 MaxPool, and the canonical int8 anchors `qconv2d` / `qdense` (arithmetic in
+stages/graph/reference_quant.py).
+
+Integer products accumulate exactly in int32; a float is rounded half to even (`llvm.roundeven`, what
+`cvtps2dq` does under the default MXCSR) and saturated in float before the conversion, so NaN becomes 0 and
+nothing is poison. These are plain loop nests over static shapes that LLVM vectorises (the conv's kernel
+taps are unrolled at build time so every inner loop is branch-free); the fast int8 templates replace the
+anchors once a node has a task. uint8 is widened with zext, int8 with sext.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+
+import numpy as np
+from llvmlite import ir
+
+from stages.codegen.irb import F32, I32, add, for_range, gep, i64, intrinsic, mul
+from stages.graph.reference import pool_out
+from stages.graph.reference_quant import limits
+from stages.memops.loops import Operand, broadcast_strides, contiguous_strides, emit_map, f32, select_max, select_min
+from stages.memops.opctx import OpCtx
+
+I8 = ir.IntType(8)
+
+
+def widen(b: ir.IRBuilder, v: ir.Value, dtype: str) -> ir.Value:
+    """An 8- or 32-bit integer as i32 (uint8 zero-extended, int8 sign-extended)."""
+    if v.type.width == 32:
+        return v
+    return b.zext(v, I32) if dtype == "uint8" else b.sext(v, I32)
+
+
+def saturate(b: ir.IRBuilder, x: ir.Value, dtype: str, lo: int | None = None, hi: int | None = None) -> ir.Value:
+    """A float already rounded, clamped to [lo, hi] (default: the type's range) and converted (NaN -> 0)."""
+    tlo, thi = limits(dtype)
+    x = select_min(b, select_max(b, x, f32(tlo if lo is None else lo)), f32(thi if hi is None else hi))
+    as_int = b.call(intrinsic(b.module, "llvm.fptosi.sat.i32.f32", I32, [F32]), [x])
+    return b.trunc(as_int, I8) if dtype in ("uint8", "int8") else as_int
+
+
+def roundeven(b: ir.IRBuilder, x: ir.Value) -> ir.Value:
+    return b.call(intrinsic(b.module, "llvm.roundeven.f32", F32, [F32]), [x])
+
+
+def _int_weight(ctx: OpCtx, tag: str, array: np.ndarray) -> ir.Value:
+    """A build-time integer constant of this op (stored with the weights in its own type)."""
+    name = f"{ctx.node.name}/{tag}"
+    ctx.new_constants[name] = np.ascontiguousarray(array)
+    return ctx.ptr(name)
+
+
+def _axis_shape(ctx: OpCtx, size: int, rank: int) -> tuple[int, ...]:
+    axis = ctx.attr("axis")
+    return (1,) * rank if axis is None else (1,) * axis + (size,) + (1,) * (rank - axis - 1)
+
+
+def _params(ctx: OpCtx, rank: int) -> tuple[Operand, np.ndarray, tuple[int, ...]]:
+    """The scale as a broadcast operand, the zero points (int64, 1-D) and the shape they broadcast from."""
+    scale, zp = ctx.const(1), ctx.const(2)
+    if scale is None or zp is None:
+        raise ctx.unsupported("its scale and zero point must be constants")
+    shape = _axis_shape(ctx, scale.size, rank)
+    s = ctx.weight("scale", scale.astype(np.float32).reshape(shape))
+    return Operand(s, broadcast_strides(shape, ctx.out_shape())), zp.astype(np.int64).reshape(-1), shape
+
+
+def quantize_linear(ctx: OpCtx) -> None:
+    """y = saturate(round_half_even(x / scale) + zero_point)."""
+    out_shape, dtype = ctx.out_shape(), ctx.out_dtype()
+    scale, zp, pshape = _params(ctx, len(out_shape))
+    ins = [Operand(ctx.inp(0), contiguous_strides(out_shape)), scale]
+    if zp.size == 1:
+        z = float(zp[0])
+        fn = lambda b, v: saturate(b, b.fadd(roundeven(b, b.fdiv(v[0], v[1])), f32(z)), dtype)  # noqa: E731
+    else:
+        ins.append(Operand(ctx.weight("zero_point", zp.astype(np.float32).reshape(pshape)),
+                           broadcast_strides(pshape, out_shape)))
+        fn = lambda b, v: saturate(b, b.fadd(roundeven(b, b.fdiv(v[0], v[1])), v[2]), dtype)  # noqa: E731
+    emit_map(ctx.b, out_shape, Operand(ctx.out(), contiguous_strides(out_shape)), ins, fn)
+
+
+def dequantize_linear(ctx: OpCtx) -> None:
+    """x = float32(q - zero_point) * scale, the difference taken in int32."""
+    out_shape, dtype = ctx.out_shape(), ctx.in_dtype(0)
+    scale, zp, pshape = _params(ctx, len(out_shape))
+    ins = [Operand(ctx.inp(0), contiguous_strides(out_shape)), scale]
+    if zp.size == 1:
+        z = int(zp[0])
+        fn = lambda b, v: b.fmul(b.sitofp(b.sub(widen(b, v[0], dtype), ir.Constant(I32, z)), F32), v[1])  # noqa: E731
+    else:
+        ins.append(Operand(_int_weight(ctx, "zero_point", zp.astype(np.int32).reshape(pshape)),
+                           broadcast_strides(pshape, out_shape)))
+        fn = lambda b, v: b.fmul(b.sitofp(b.sub(widen(b, v[0], dtype), v[2]), F32), v[1])  # noqa: E731
+    emit_map(ctx.b, out_shape, Operand(ctx.out(), contiguous_strides(out_shape)), ins, fn)
+
+
+def dynamic_quantize_linear(ctx: OpCtx) -> None:
+    """The range of x (widened to hold 0) over 255 steps: scale and zero point, then x quantized by them (an
+    all-zero x has scale 0 and quantizes to zeros)."""
+    n = math.prod(ctx.in_shape())
+    b, x = ctx.b, ctx.inp(0)
+    lo, hi = ctx.local(), ctx.local()
+    b.store(f32(0), lo)
+    b.store(f32(0), hi)
+    with for_range(b, i64(0), i64(n), name="r") as i:
+        v = b.load(gep(b, x, i), align=4)
+        b.store(select_min(b, b.load(lo), v), lo)
+        b.store(select_max(b, b.load(hi), v), hi)
+    low = b.load(lo)
+    scale = b.fdiv(b.fsub(b.load(hi), low), f32(255))
+    empty = b.fcmp_ordered("==", scale, f32(0))
+    zero = b.select(empty, f32(0), roundeven(b, b.fsub(f32(0), b.fdiv(low, scale))))
+    zero = select_min(b, select_max(b, zero, f32(0)), f32(255))
+    b.store(scale, ctx.out(1))
+    b.store(saturate(b, zero, "uint8"), ctx.out(2))
+    y = ctx.out(0)
+    with for_range(b, i64(0), i64(n), name="q") as i:
+        v = b.load(gep(b, x, i), align=4)
+        q = b.select(empty, f32(0), b.fadd(roundeven(b, b.fdiv(v, scale)), zero))
+        b.store(saturate(b, q, "uint8"), gep(b, y, i), align=1)
+
+
+# --- convolutions ---------------------------------------------------------------------------------------
+
+def _conv_loops(ctx: OpCtx, x: ir.Value, x_dtype: str, zx: int, w: ir.Value, w_dtype: str,
+                init: Callable[[ir.IRBuilder, ir.Value], ir.Value], acc: Callable[[ir.Value], ir.Value],
+                finish: Callable[[ir.Value, ir.Value], None] | None) -> None:
+    """For each (image, output channel): plane = init(oc); plane += (x - zx) * w over the receptive field; then
+    finish(n, oc). `acc(n_oc)` is where the int32 plane lives. Taps are unrolled, so each tap's valid output
+    rows and columns are constants and the inner loop is branch-free (unit stride at stride 1)."""
+    (n, c, h, wd), (o, cg, kh, kw) = ctx.in_shape(0), ctx.in_shape(1)
+    oh, ow = ctx.out_shape()[2:]
+    (sh, sw), (dh, dw), (pt, pl, _, _) = ctx.attr("strides"), ctx.attr("dilations"), ctx.attr("pads")
+    og = o // int(ctx.attr("group"))
+    b = ctx.b
+
+    def valid(out: int, k: int, s: int, d: int, pad: int, size: int) -> tuple[int, int]:
+        lo = next((i for i in range(out) if 0 <= i * s - pad + k * d), out)
+        hi = next((i + 1 for i in reversed(range(out)) if i * s - pad + k * d < size), 0)
+        return lo, max(lo, hi)
+
+    with for_range(b, i64(0), i64(n * o), name="noc") as noc:
+        plane = acc(noc)
+        oc = b.urem(noc, i64(o))
+        img = b.udiv(noc, i64(o))
+        bias = init(b, oc)
+        with for_range(b, i64(0), i64(oh * ow), name="i") as p:
+            b.store(bias, gep(b, plane, p), align=4)
+        first = add(b, mul(b, img, i64(c)), mul(b, b.udiv(oc, i64(og)), i64(cg)))  # this group's first channel
+        with for_range(b, i64(0), i64(cg), name="ic") as ic:
+            xbase = mul(b, add(b, first, ic), i64(h * wd))
+            wbase = mul(b, add(b, mul(b, oc, i64(cg)), ic), i64(kh * kw))
+            for ky in range(kh):
+                r0, r1 = valid(oh, ky, sh, dh, pt, h)
+                for kx in range(kw):
+                    c0, c1 = valid(ow, kx, sw, dw, pl, wd)
+                    if r0 >= r1 or c0 >= c1:
+                        continue
+                    wv = widen(b, b.load(gep(b, w, add(b, wbase, i64(ky * kw + kx))), align=1), w_dtype)
+                    with for_range(b, i64(r0), i64(r1), name="oy") as y:
+                        row = add(b, xbase, mul(b, add(b, mul(b, y, i64(sh)), i64(ky * dh - pt)), i64(wd)))
+                        orow = mul(b, y, i64(ow))
+                        with for_range(b, i64(c0), i64(c1), name="ox") as xo:
+                            at = add(b, row, add(b, mul(b, xo, i64(sw)), i64(kx * dw - pl)))
+                            xv = b.sub(widen(b, b.load(gep(b, x, at), align=1), x_dtype), ir.Constant(I32, zx))
+                            slot = gep(b, plane, add(b, orow, xo))
+                            b.store(b.add(b.load(slot, align=4), b.mul(xv, wv)), slot, align=4)
+        if finish is not None:
+            finish(noc, oc)
+
+
+def _requantize(b: ir.IRBuilder, acc: ir.Value, scale: ir.Value, zy: int, dtype: str, lo: int, hi: int) -> ir.Value:
+    return saturate(b, b.fadd(roundeven(b, b.fmul(b.sitofp(acc, F32), scale)), f32(zy)), dtype, lo, hi)
+
+
+def _clamps(ctx: OpCtx) -> tuple[int, int]:
+    dtype = ctx.attr("y_dtype")
+    lo, hi = limits(dtype)
+    for op in ctx.attr("epilogue", ()):
+        if op["kind"] == "relu":
+            lo = max(lo, int(ctx.attr("y_zero_point")))
+        else:
+            lo, hi = max(lo, int(op["min"])), min(hi, int(op["max"]))
+    return lo, hi
+
+
+def _load(b: ir.IRBuilder, ptr: ir.Value, at: ir.Value) -> ir.Value:
+    return b.load(gep(b, ptr, at), align=4)
+
+
+def qconv2d(ctx: OpCtx) -> None:
+    oh, ow = ctx.out_shape()[2:]
+    plane = ctx.b.bitcast(ctx.buffer(oh * ow), I32.as_pointer())
+    bias, scale, y = ctx.inp(2), ctx.inp(3), ctx.out()
+    zy, dtype = int(ctx.attr("y_zero_point")), ctx.attr("y_dtype")
+    lo, hi = _clamps(ctx)
+    b = ctx.b
+
+    def finish(noc: ir.Value, oc: ir.Value) -> None:
+        s = _load(b, scale, oc)
+        base = mul(b, noc, i64(oh * ow))
+        with for_range(b, i64(0), i64(oh * ow), name="rq") as p:
+            v = _requantize(b, b.load(gep(b, plane, p), align=4), s, zy, dtype, lo, hi)
+            b.store(v, gep(b, y, add(b, base, p)), align=1)
+
+    _conv_loops(ctx, ctx.inp(0), ctx.in_dtype(0), int(ctx.attr("x_zero_point")), ctx.inp(1), "int8",
+                lambda b, oc: _load(b, bias, oc), lambda noc: plane, finish)
+
+
+def conv_integer(ctx: OpCtx) -> None:
+    """int32 y = sum (x - zx) * (w - zw[oc]); the weight's zero point is taken out at build time."""
+    w, xz, wz = ctx.const(1), ctx.const(2), ctx.const(3)
+    if w is None or xz is None or wz is None:
+        raise ctx.unsupported("its weight and zero points must be constants")
+    zero = wz.astype(np.int64).reshape(-1)
+    ws = w.astype(np.int64) - (zero.reshape(-1, 1, 1, 1) if zero.size > 1 else zero[0])
+    wp = _int_weight(ctx, "w", ws.astype(np.int32))
+    oh, ow = ctx.out_shape()[2:]
+    y = ctx.out()
+    _conv_loops(ctx, ctx.inp(0), ctx.in_dtype(0), int(xz.reshape(-1)[0]), wp, "int32",
+                lambda b, oc: ir.Constant(I32, 0), lambda noc: gep(ctx.b, y, mul(ctx.b, noc, i64(oh * ow))), None)
+
+
+def qdense(ctx: OpCtx) -> None:
+    """y[m, n] = requant(sum_k (x[m, k] - zx) * w[n, k] + b[n]): an int32 dot product per output."""
+    xs, (n, k) = ctx.in_shape(0), ctx.in_shape(1)
+    m = math.prod(xs[:-1])
+    b, x, w, bias, scale, y = ctx.b, ctx.inp(0), ctx.inp(1), ctx.inp(2), ctx.inp(3), ctx.out()
+    zx, zy = ir.Constant(I32, int(ctx.attr("x_zero_point"))), int(ctx.attr("y_zero_point"))
+    xd, dtype = ctx.in_dtype(0), ctx.attr("y_dtype")
+    lo, hi = _clamps(ctx)
+    acc = ctx.local(I32)
+    with for_range(b, i64(0), i64(m), name="m") as mi:
+        with for_range(b, i64(0), i64(n), name="n") as ni:
+            b.store(_load(b, bias, ni), acc)
+            with for_range(b, i64(0), i64(k), name="k") as ki:
+                xv = b.sub(widen(b, b.load(gep(b, x, add(b, mul(b, mi, i64(k)), ki)), align=1), xd), zx)
+                wv = b.sext(b.load(gep(b, w, add(b, mul(b, ni, i64(k)), ki)), align=1), I32)
+                b.store(b.add(b.load(acc), b.mul(xv, wv)), acc)
+            v = _requantize(b, b.load(acc), _load(b, scale, ni), zy, dtype, lo, hi)
+            b.store(v, gep(b, y, add(b, mul(b, mi, i64(n)), ni)), align=1)
+
+
+def matmul_integer(ctx: OpCtx) -> None:
+    """int32 y[r, n] = sum_k (a[r, k] - za) * (b[k, n] - zb[n]); za is read at run time (DynamicQuantizeLinear's)."""
+    xs, (k, n) = ctx.in_shape(0), ctx.in_shape(1)
+    if math.prod(ctx.in_shape(2)) != 1:
+        raise ctx.unsupported("a per-row zero point of its left operand is not supported")
+    rows = math.prod(xs[:-1])
+    b, a, w, y = ctx.b, ctx.inp(0), ctx.inp(1), ctx.out()
+    ad, wd = ctx.in_dtype(0), ctx.in_dtype(1)
+    za = widen(b, b.load(ctx.inp(2), align=1), ad)
+    per_col = math.prod(ctx.in_shape(3)) > 1
+    zb_ptr = ctx.inp(3)
+    with for_range(b, i64(0), i64(rows), name="r") as r:
+        orow = mul(b, r, i64(n))
+        with for_range(b, i64(0), i64(n), name="z") as j:
+            b.store(ir.Constant(I32, 0), gep(b, y, add(b, orow, j)), align=4)
+        with for_range(b, i64(0), i64(k), name="k") as kk:
+            av = b.sub(widen(b, b.load(gep(b, a, add(b, mul(b, r, i64(k)), kk)), align=1), ad), za)
+            with for_range(b, i64(0), i64(n), name="n") as j:
+                zb = widen(b, b.load(gep(b, zb_ptr, j if per_col else i64(0)), align=1), wd)
+                bv = b.sub(widen(b, b.load(gep(b, w, add(b, mul(b, kk, i64(n)), j)), align=1), wd), zb)
+                slot = gep(b, y, add(b, orow, j))
+                b.store(b.add(b.load(slot, align=4), b.mul(av, bv)), slot, align=4)
+
+
+def max_pool_int8(ctx: OpCtx) -> None:
+    """MaxPool of uint8/int8 planes (padding never wins: a window always holds a real element)."""
+    *lead, h, wd = ctx.in_shape()
+    oh, ow = ctx.out_shape()[-2:]
+    kh, kw = ctx.attr("kernel_shape")
+    (sh, sw), (dh, dw) = ctx.attr("strides"), ctx.attr("dilations", (1, 1))
+    pt, pl = ctx.attr("pads")[:2]
+    assert (oh, ow) == (pool_out(h, kh, sh, pt, ctx.attr("pads")[2], dh, ctx.attr("ceil_mode", 0)),
+                        pool_out(wd, kw, sw, pl, ctx.attr("pads")[3], dw, ctx.attr("ceil_mode", 0)))
+    dtype = ctx.in_dtype()
+    signed = dtype == "int8"
+    b, x, y = ctx.b, ctx.inp(), ctx.out()
+    best = ctx.local(I32)
+    with for_range(b, i64(0), i64(math.prod(lead)), name="p") as plane:
+        with for_range(b, i64(0), i64(oh), name="oy") as oy, for_range(b, i64(0), i64(ow), name="ox") as ox:
+            b.store(ir.Constant(I32, limits(dtype)[0]), best)
+            for ky in range(kh):
+                iy = add(b, mul(b, oy, i64(sh)), i64(ky * dh - pt))
+                for kx in range(kw):
+                    ix = add(b, mul(b, ox, i64(sw)), i64(kx * dw - pl))
+                    inside = b.and_(b.and_(b.icmp_signed(">=", iy, i64(0)), b.icmp_signed("<", iy, i64(h))),
+                                    b.and_(b.icmp_signed(">=", ix, i64(0)), b.icmp_signed("<", ix, i64(wd))))
+                    with b.if_then(inside):
+                        at = add(b, mul(b, plane, i64(h * wd)), add(b, mul(b, iy, i64(wd)), ix))
+                        v = widen(b, b.load(gep(b, x, at), align=1), dtype)
+                        cur = b.load(best)
+                        b.store(b.select(b.icmp_signed(">", v, cur) if signed else b.icmp_unsigned(">", v, cur),
+                                         v, cur), best)
+            out_at = add(b, mul(b, plane, i64(oh * ow)), add(b, mul(b, oy, i64(ow)), ox))
+            b.store(b.trunc(b.load(best), I8), gep(b, y, out_at), align=1)
+
+
+# Kernels of the quantized ops, whatever their operand types.
+OPS: dict[str, Callable[[OpCtx], None]] = {
+    "QuantizeLinear": quantize_linear, "DequantizeLinear": dequantize_linear,
+    "DynamicQuantizeLinear": dynamic_quantize_linear, "ConvInteger": conv_integer, "MatMulInteger": matmul_integer,
+    "qconv2d": qconv2d, "qdense": qdense,
+}
+# uint8 / int8 versions of float memory-bound ops (the quant pass leaves them on the integers).
+INT8_OPS: dict[str, Callable[[OpCtx], None]] = {"MaxPool": max_pool_int8}
