@@ -18,7 +18,7 @@ from schemas.task import EpilogueOp, TensorSpec, TuningTask
 from stages.templates import qgemm_requant
 from stages.templates.gemm_template import cli_dims
 from stages.templates.qgemm_codegen import QGemmSpec, QSchedule, build_module
-from stages.templates.qgemm_pack import aligned, effective_zx, folded_bias, pack_panels, padded_scale, random_operands
+from stages.templates.qgemm_pack import aligned, effective_zx, folded_bias, pack_panels, padded, random_operands
 from stages.templates.qgemm_schedule import default_qgemm, qgemm_space
 from stages.templates.space import ConfigSpace, Knobs
 
@@ -82,9 +82,9 @@ def kernel_args(task: TuningTask, knobs: Knobs, inputs: list[np.ndarray]) -> lis
     """`[X, W packed in panels, B with the zero point folded in, S, Y]` (B and S padded to whole panels)."""
     x, w, bias, scale = inputs
     s = QSchedule.from_knobs(knobs)
-    padded = -(-w.shape[0] // s.nr) * s.nr
-    return [np.ascontiguousarray(x), pack_panels(w, s.nr), folded_bias(bias, w, effective_zx(task), padded),
-            padded_scale(scale, padded), aligned(task.outputs[0].shape, task.outputs[0].dtype)]
+    size = -(-w.shape[0] // s.nr) * s.nr
+    return [np.ascontiguousarray(x), pack_panels(w, s.nr), folded_bias(bias, w, effective_zx(task), size),
+            padded(scale, size), aligned(task.outputs[0].shape, task.outputs[0].dtype)]
 
 
 def build_ir(task: TuningTask, knobs: Knobs, target: Target, threads: int = 1) -> ir.Module:

@@ -54,9 +54,10 @@ def folded_bias(bias: np.ndarray, w2d: np.ndarray, zx: int, padded: int) -> np.n
     return out
 
 
-def padded_scale(scale: np.ndarray, padded: int) -> np.ndarray:
-    out = aligned((padded,), "float32")
-    out[:len(scale)] = scale
+def padded(v: np.ndarray, size: int) -> np.ndarray:
+    """A per-channel vector (scales, biases) zero-padded to `size`, aligned."""
+    out = aligned((size,), str(v.dtype))
+    out[:len(v)] = v
     return out
 
 

@@ -1,0 +1,88 @@
+"""The geometry one `qconv2d` schedule implies: tile counts, the packed input's layout, the workspace.
+
+The input is packed per image and group into channel blocks of 4 (`[cb][ih][phase][wq][4]`
+bytes): padded rows `ih`, the padded columns split into `sw` stride phases so that the columns
+one output vector reads are consecutive, 4 channels interleaved per column (the 4-byte group a
+`vpdpbusd` lane reads). Borders and missing channels hold the activation zero point, so they
+add nothing once the bias's `-zx * sum W` is counted. Rows of a phase are `wq` columns: enough for
+the last column tile's vectors plus the window's reach, rounded to the pack's 16-column blocks.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from stages.templates.conv2d_shape import ConvGeom
+from stages.templates.qgemm_isa import LANES
+
+PACK_COLS = 16  # columns one pack step writes (64 bytes)
+
+
+@dataclass(frozen=True)
+class QConvSchedule:
+    isa: str
+    mr: int  # output channels per tile (weights broadcast)
+    rh: int  # output rows per tile
+    nv: int  # vectors of output columns per tile
+    uk: int  # channel-block loop unrolled
+    order: str  # "ot_rt": items walk row tiles of one channel tile (weights stay in L1), "rt_ot": the reverse
+
+    @property
+    def lanes(self) -> int:
+        return LANES[self.isa]
+
+    @classmethod
+    def from_knobs(cls, k: dict) -> QConvSchedule:
+        return cls(isa=str(k["isa"]), mr=int(k["mr"]), rh=int(k["rh"]), nv=int(k["nv"]), uk=int(k["uk"]),
+                   order=str(k["order"]))
+
+
+@dataclass(frozen=True)
+class QConvPlan:
+    g: ConvGeom
+    s: QConvSchedule
+
+    @property
+    def nr(self) -> int:
+        return self.s.nv * self.s.lanes
+
+    @property
+    def cb(self) -> int:
+        """Channel blocks of 4 per group."""
+        return -(-self.g.icg // 4)
+
+    @property
+    def ot(self) -> int:
+        """Output-channel tiles per group."""
+        return -(-self.g.ocg // self.s.mr)
+
+    @property
+    def rt(self) -> int:
+        return -(-self.g.oh // self.s.rh)
+
+    @property
+    def ct(self) -> int:
+        return -(-self.g.ow // self.nr)
+
+    @property
+    def hp(self) -> int:
+        """Packed rows: the padded rows the windows reach."""
+        return (self.g.oh - 1) * self.g.sh + (self.g.kh - 1) * self.g.dh + 1
+
+    @property
+    def wq(self) -> int:
+        reach = self.ct * self.nr + (self.g.kw - 1) * self.g.dw // self.g.sw
+        return -(-reach // PACK_COLS) * PACK_COLS
+
+    @property
+    def plane(self) -> int:
+        """Bytes of one channel block."""
+        return self.hp * self.g.sw * self.wq * 4
+
+    @property
+    def workspace(self) -> int:
+        return self.g.n * self.g.groups * self.cb * self.plane
+
+    @property
+    def items(self) -> int:
+        return self.g.n * self.g.groups * self.ot * self.rt

@@ -1,0 +1,80 @@
+"""The schedule space of the int8 direct conv (`qconv2d`) and its default.
+
+Knobs: `isa` the dot-product path (only those the target runs are valid); a register tile of
+`mr` output channels x `rh` output rows x `nv` vectors of output columns; `uk` unrolls the
+channel-block loop; `order` walks the row tiles of one channel tile (its weights stay in L1) or
+the channel tiles of one row tile (its input rows stay in L1).
+"""
+
+from __future__ import annotations
+
+from schemas.config import Config
+from schemas.target import Target
+from stages.templates.conv2d_shape import ConvGeom
+from stages.templates.qgemm_isa import ISAS, LANES, PARTS, available, registers
+from stages.templates.space import ConfigSpace, Knob, Knobs, first_valid
+
+MR = (1, 2, 3, 4, 5, 6, 7, 8, 10, 12, 14, 16)
+RH = (1, 2, 3, 4)
+NV = (1, 2, 3, 4)
+UK = (1, 2, 4)
+ORDER = ("ot_rt", "rt_ot")
+MAX_UNROLLED_DOTS = 1024  # taps x tile: keeps a candidate's compile time down
+
+
+def tile_registers(isa: str, mr: int, rh: int, nv: int) -> int:
+    """Accumulators, the rh x nv activation vectors of a tap, the weight broadcast (+ avx2 temporaries)."""
+    return mr * rh * nv * PARTS[isa] + rh * nv + 1 + (2 if PARTS[isa] > 1 else 0)
+
+
+def qconv_space(g: ConvGeom, target: Target) -> ConfigSpace:
+    paths = available(target)
+    blocks = -(-g.icg // 4)
+
+    def rule(c: Knobs) -> str | None:
+        isa = str(c["isa"])
+        mr, rh, nv, uk = (int(c[x]) for x in ("mr", "rh", "nv", "uk"))
+        lanes = LANES[isa]
+        if isa not in paths:
+            return f"isa={isa} is not available on {target.name} (it runs {', '.join(paths)})"
+        need = tile_registers(isa, mr, rh, nv)
+        if need > registers(isa, target):
+            regs = registers(isa, target)
+            return f"an {mr}x{rh}x{nv} {isa} tile needs {need} vector registers, the target has {regs}"
+        if mr > 1 and (mr // 2) >= g.ocg:
+            return f"mr={mr} covers the {g.ocg} output channels of a group more than twice"
+        if rh > g.oh:
+            return f"rh={rh} exceeds the {g.oh} output rows"
+        if (nv - 1) * lanes >= g.ow:
+            return f"nv={nv} vectors of {lanes} leave a whole vector past the {g.ow} output columns"
+        if uk > 1 and uk > blocks:
+            return f"uk={uk} exceeds the {blocks} channel blocks of 4"
+        if mr * rh * nv * g.kh * g.kw * uk > MAX_UNROLLED_DOTS:
+            return f"{mr * rh * nv * g.kh * g.kw * uk} unrolled dot products exceed {MAX_UNROLLED_DOTS}"
+        return None
+
+    knobs = (Knob("isa", ISAS), Knob("mr", MR), Knob("rh", RH), Knob("nv", NV), Knob("uk", UK),
+             Knob("order", ORDER))
+    return ConfigSpace(knobs=knobs, rule=rule)
+
+
+def default_qconv(g: ConvGeom, target: Target, what: str = "") -> Config:
+    """The fastest path the target runs, or its 256-bit one when 16 lanes would waste a third of the
+    columns of a narrow layer (7 wide); vectors to cover a row (up to 4), rows to make the tile 4
+    vectors; as many output channels as the registers left hold; the channel-block loop unrolled
+    twice for 1x1 windows. Checked by the space's rule, with fallbacks down to a 1x1x1 tile."""
+    sp = qconv_space(g, target)
+    paths = available(target)
+    isa = paths[0]
+    if isa == "vnni512" and "vnni256" in paths and -(-g.ow // 16) * 16 >= 1.5 * (-(-g.ow // 8) * 8):
+        isa = "vnni256"
+    lanes, regs = LANES[isa], registers(isa, target)
+    nv = max(1, min(4 if regs >= 32 else 2, -(-g.ow // lanes)))
+    rh = max(1, min(max(RH), g.oh, (4 if regs >= 32 else 2) // nv))
+    mr = max([m for m in MR if tile_registers(isa, m, rh, nv) <= regs and (m == 1 or m // 2 < g.ocg)] or [1])
+    uk = 2 if g.kh * g.kw == 1 and g.icg > 4 else 1
+    knobs: Knobs = {"isa": isa, "mr": mr, "rh": rh, "nv": nv, "uk": uk, "order": "ot_rt"}
+    candidates = [knobs, {**knobs, "uk": 1}, {**knobs, "mr": max(1, mr // 2), "uk": 1},
+                  {**knobs, "mr": 1, "rh": 1, "nv": 1, "uk": 1},
+                  {"isa": "generic", "mr": 1, "rh": 1, "nv": 1, "uk": 1, "order": "ot_rt"}]
+    return first_valid(sp, candidates, f"{what or 'int8 conv'} on {target.name}")

@@ -1,0 +1,119 @@
+"""The int8 direct conv template: exact equality with the spec's int64 numpy reference (padding by
+the zero point) on every instruction path this machine runs, for windows, strides, asymmetric
+pads, dilations, groups, depthwise and 1x1 convs, odd channel counts, int8 or uint8 in and out."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from schemas.target import Target, preset
+from schemas.task import parse_epilogue
+from stages.codegen.compile import compile_ir
+from stages.codegen.jit import LoadedKernel
+from stages.templates import TEMPLATES, qconv2d
+from stages.templates.qgemm_isa import available
+
+HOST = Target.host()
+AVX2 = preset("x86-64-avx2")
+NO_AVX = Target.parse("llvm -mtriple=x86_64-unknown-linux-gnu -mcpu=x86-64 -mattr=-avx,-avx2 -name=sse2")
+PATHS = [(HOST, isa) for isa in available(HOST) if isa != "generic"] + [(AVX2, "avx2"), (NO_AVX, "generic")]
+ROOT = Path(__file__).resolve().parent.parent
+
+CASES = {  # x shape, w shape, strides, pads, dilations, group, dtypes, zero points, epilogue
+    "3x3": ((1, 8, 9, 11), (7, 8, 3, 3), (1, 1), (1, 1, 1, 1), (1, 1), 1, "uint8", "uint8", 131, 5, ""),
+    "strided-dilated-grouped": ((2, 6, 11, 13), (10, 3, 3, 2), (2, 2), (1, 0, 2, 1), (1, 2), 2, "int8", "int8", -7,
+                                -3, "relu"),
+    "depthwise": ((1, 5, 10, 9), (5, 1, 3, 3), (1, 2), (1, 1, 1, 1), (1, 1), 5, "uint8", "uint8", 200, 0,
+                  "clip:10:200"),
+    "1x1-odd": ((1, 5, 7, 3), (3, 5, 1, 1), (1, 1), (0, 0, 0, 0), (1, 1), 1, "uint8", "int8", 0, 9, ""),
+}
+
+
+def _task(case: str):
+    x, w, s, p, d, grp, xd, yd, zx, zy, epi = CASES[case]
+    return qconv2d.task(x, w, s, p, d, grp, parse_epilogue(epi), x_dtype=xd, y_dtype=yd, x_zero_point=zx,
+                        y_zero_point=zy)
+
+
+def _run(task, target: Target, knobs: dict, inputs: list[np.ndarray], threads: int = 1) -> np.ndarray:
+    args = qconv2d.kernel_args(task, knobs, inputs)
+    args[-1][...] = 0x5A
+    LoadedKernel(compile_ir(qconv2d.build_ir(task, knobs, target, threads), target).data, HOST)(args)
+    return args[-1]
+
+
+def _on(target: Target, isa: str, task) -> dict:
+    knobs = {**qconv2d.default_config(task, target).knobs, "isa": isa}
+    sp = qconv2d.space(task, target)
+    for mr, rh, nv in ((knobs["mr"], knobs["rh"], knobs["nv"]), (3, 2, 1), (2, 1, 1), (1, 1, 1)):
+        cand = {**knobs, "mr": mr, "rh": rh, "nv": nv}
+        if sp.reason(cand) is None:
+            return cand
+    raise AssertionError(sp.reason(knobs))
+
+
+@pytest.mark.parametrize(("target", "isa"), PATHS, ids=[f"{t.name}-{i}" for t, i in PATHS])
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_exact_on_every_path(target, isa, case):
+    task = _task(case)
+    inputs = qconv2d.make_inputs(task, seed=len(case))
+    ref = qconv2d.reference(task, inputs)
+    assert len(np.unique(ref)) > 3
+    np.testing.assert_array_equal(_run(task, target, _on(target, isa, task), inputs), ref)
+
+
+def test_padding_reads_the_zero_point():
+    """An image of all zx: every output is bias-only, padded taps included (a pad of 0 would not be)."""
+    task = qconv2d.task((1, 4, 5, 5), (4, 4, 3, 3), pads=(2, 2, 2, 2), x_zero_point=90, y_zero_point=0)
+    x = np.full((1, 4, 5, 5), 90, dtype=np.uint8)
+    w = np.full((4, 4, 3, 3), 100, dtype=np.int8)
+    bias = np.array([1, 2, 3, 4], dtype=np.int32)
+    out = _run(task, HOST, qconv2d.default_config(task, HOST).knobs, [x, w, bias, np.ones(4, dtype=np.float32)])
+    np.testing.assert_array_equal(out, np.broadcast_to(np.array([1, 2, 3, 4], dtype=np.uint8)[None, :, None, None],
+                                                       out.shape))
+
+
+@pytest.mark.parametrize(("target", "isa"), PATHS, ids=[f"{t.name}-{i}" for t, i in PATHS])
+def test_extremes_255_times_minus_128_are_exact(target, isa):
+    task = qconv2d.task((1, 64, 4, 4), (2, 64, 3, 3), pads=(0, 0, 0, 0))
+    k = 64 * 9
+    x = np.full((1, 64, 4, 4), 255, dtype=np.uint8)
+    w = np.stack([np.full((64, 3, 3), -128), np.full((64, 3, 3), 127)]).astype(np.int8)
+    bias = np.array([255 * 128 * k + 7, -255 * 127 * k + 250], dtype=np.int32)
+    out = _run(task, target, _on(target, isa, task), [x, w, bias, np.ones(2, dtype=np.float32)])
+    np.testing.assert_array_equal(out[0, :, :, :], np.array([7, 250], dtype=np.uint8)[:, None, None] + 0 * out[0])
+
+
+@pytest.mark.parametrize("target", [HOST, AVX2, NO_AVX], ids=lambda t: t.name)
+def test_default_config_is_valid_for_every_shape(target):
+    for (c, oc, grp) in ((1, 1, 1), (3, 17, 1), (64, 64, 1), (32, 32, 32), (8, 16, 4)):
+        for hw in (1, 2, 7, 15, 56):
+            for kk, s, pad in ((1, 1, 0), (3, 1, 1), (3, 2, 1), (7, 2, 3)):
+                if hw + 2 * pad < kk:
+                    continue
+                task = qconv2d.task((1, c, hw, hw), (oc, c // grp, kk, kk), (s, s), (pad,) * 4, group=grp)
+                assert qconv2d.space(task, target).reason(qconv2d.default_config(task, target).knobs) is None
+
+
+def test_default_runs_exact_threaded_with_a_batch():
+    task = qconv2d.task((3, 16, 15, 17), (24, 16, 3, 3), (2, 1), (1, 1, 0, 2), x_zero_point=60, y_zero_point=100)
+    inputs = qconv2d.make_inputs(task, seed=5)
+    out = _run(task, HOST, qconv2d.default_config(task, HOST).knobs, inputs, threads=2)
+    np.testing.assert_array_equal(out, qconv2d.reference(task, inputs))
+
+
+def test_registered_and_tune_op_runs_error_free(tmp_path):
+    assert TEMPLATES["qconv2d"] is qconv2d
+    r = subprocess.run([sys.executable, "-m", "tunaflow", "tune-op", "qconv2d", "--input", "1x16x14x14",
+                        "--weight", "24x16x3x3", "--pad", "1", "--epilogue", "relu", "--trials", "6", "--batch-size",
+                        "3", "--log", str(tmp_path / "log"), "--no-prefect", "--json", "--remeasure-top-k", "0"],
+                       cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    out = json.loads(r.stdout)
+    assert out["trials"] == 6 and out["best_gflops"] > 0 and not out["errors"], out
