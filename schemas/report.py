@@ -41,7 +41,8 @@ class OpReport(TaskReport):
 
     target_key: str
     target: Target
-    numpy_gflops: float
+    numpy_gflops: float | None  # None: numpy could not run where the candidates did (`numpy_note` says why)
+    numpy_note: str | None = None
     log: str
     chart: str | None
 

@@ -27,7 +27,8 @@ def tune_op(task: TuningTask, target: Target, options: TuningOptions, log: Path,
             observers: list[Observer] | None = None, steps: Steps = DIRECT,
             reference: Callable[[TuningTask, int], float] = numpy_gflops) -> OpReport:
     """`options.n_trials` trials of `task` in `log` (a rerun resumes), its chart in `charts` (default: beside
-    the log) and its report, with `reference` (numpy's GFLOPS for the same op) measured afterwards."""
+    the log) and its report, with `reference` (numpy's GFLOPS for the same op) measured afterwards, here: so
+    not for candidates measured on RPC devices, whose figure would be this host's numpy, not theirs."""
     tlog = TuningLog(log)
     threads = options.measure.threads
     summary = tune_task(task, target, options, tlog, observers, steps)
@@ -36,4 +37,7 @@ def tune_op(task: TuningTask, target: Target, options: TuningOptions, log: Path,
     if records:
         dest = (charts or charts_beside(log)) / f"{task.signature}_t{threads}.png"
         chart = convergence_chart(records, task.description, dest)
+    if options.runner.kind == "rpc":
+        return op_report(summary, tlog, target, threads, None, chart, numpy_note=(
+            f"not measured: the candidates ran on the devices under key {options.runner.key!r}, numpy here"))
     return op_report(summary, tlog, target, threads, reference(task, threads), chart)

@@ -32,10 +32,11 @@ def task_report(summary: SessionSummary, log: TuningLog, target: Target, threads
         repeat_cv=round(summary.repeat_cv, 4) if summary.repeat_cv is not None else None, noise=summary.noise)
 
 
-def op_report(summary: SessionSummary, log: TuningLog, target: Target, threads: int, numpy_gflops: float,
-              chart: Path | None) -> OpReport:
+def op_report(summary: SessionSummary, log: TuningLog, target: Target, threads: int, numpy_gflops: float | None,
+              chart: Path | None, numpy_note: str | None = None) -> OpReport:
     return OpReport(**task_report(summary, log, target, threads).model_dump(), target_key=target.key, target=target,
-                    numpy_gflops=round(numpy_gflops, 2), log=str(log.path), chart=str(chart) if chart else None)
+                    numpy_gflops=round(numpy_gflops, 2) if numpy_gflops is not None else None, numpy_note=numpy_note,
+                    log=str(log.path), chart=str(chart) if chart else None)
 
 
 def build_summary(manifest: Manifest, output: Path, verification=None) -> dict:

@@ -123,7 +123,8 @@ def print_result(r) -> None:
     speedup = f"  -> tuned is {r.speedup_over_default:.2f}x the default" if r.speedup_over_default else ""
     default = f"{r.default_gflops:.1f} GFLOPS" if r.default_gflops is not None else "no trial of it in the log"
     out.print(f"default       : {default}{speedup}")
-    out.print(f"numpy         : {r.numpy_gflops:.1f} GFLOPS")
+    out.print(f"numpy         : {r.numpy_gflops:.1f} GFLOPS" if r.numpy_gflops is not None
+              else f"numpy         : {escape(r.numpy_note or 'not measured')}")
     out.print(f"noise         : {escape(noise_text(r))}")
     if r.errors:
         out.print(f"failed trials : {escape(str(r.errors))}")
