@@ -68,6 +68,7 @@ arm64-run:
 	@test -n "$(LIB)" || { echo "usage: make arm64-run LIB=DIR [INPUTS=in.npz] [OUTPUT=out.npz] [RUN_ARGS=...]"; exit 2; }
 	device/arm64/run.sh '$(LIB)' '$(INPUTS)' '$(OUTPUT)' $(RUN_ARGS)
 
-# The opt-in device suite (tests/test_arm64_device.py; skipped elsewhere, so never part of `make test`).
+# The opt-in device suite (tests/test_arm64_device.py; skipped elsewhere, so never part of `make test`);
+# ARM64_TEST_ARGS picks tests, e.g. ARM64_TEST_ARGS='-k deployment'.
 arm64-test: $(STAMP) arm64-device
-	TUNAFLOW_ARM64=1 $(BIN)/python -m pytest -m arm64 -s -p no:cacheprovider tests/test_arm64_device.py
+	TUNAFLOW_ARM64=1 $(BIN)/python -m pytest -m arm64 -s -p no:cacheprovider tests/test_arm64_device.py $(ARM64_TEST_ARGS)
