@@ -16,6 +16,7 @@ import numpy as np
 import onnx
 
 from stages.extract.weights import fill_weights
+from stages.runtime.feeds import padding_mask
 
 ZOO = Path(__file__).resolve().parents[1] / "data" / "zoo"
 CNNS = ("resnet50", "mobilenet_v2", "efficientnet_b0", "densenet121", "inception_v3")
@@ -35,12 +36,21 @@ def filled(name: str, size: int | None = None) -> onnx.ModelProto:
     return proto
 
 
-def random_inputs(proto: onnx.ModelProto, seed: int) -> dict[str, np.ndarray]:
-    """Seeded standard-normal float inputs for every graph input of an image model."""
+def random_inputs(proto: onnx.ModelProto, seed: int, vocabulary: int = 30522) -> dict[str, np.ndarray]:
+    """Seeded inputs for every graph input: standard-normal floats (images); for a transformer, token ids
+    over the whole vocabulary and an attention mask whose last quarter is padding."""
     rng = np.random.default_rng(seed)
     init = {t.name for t in proto.graph.initializer}
-    return {i.name: rng.standard_normal([d.dim_value for d in i.type.tensor_type.shape.dim]).astype(np.float32)
-            for i in proto.graph.input if i.name not in init}
+    feeds = {}
+    for i in (i for i in proto.graph.input if i.name not in init):
+        shape = [d.dim_value for d in i.type.tensor_type.shape.dim]
+        if i.type.tensor_type.elem_type == onnx.TensorProto.FLOAT:
+            feeds[i.name] = rng.standard_normal(shape).astype(np.float32)
+        elif "mask" in i.name:
+            feeds[i.name] = padding_mask(tuple(shape), np.int64)
+        else:
+            feeds[i.name] = rng.integers(0, vocabulary, shape, dtype=np.int64)
+    return feeds
 
 
 class _Calibration:

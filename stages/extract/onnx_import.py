@@ -113,7 +113,8 @@ def load_model(model: str | Path | onnx.ModelProto, input_shapes: dict[str, tupl
     for node in nodes:
         for out in node.outputs:
             values[out] = Value(out, ctx.shapes[out], ctx.dtypes[out])
-    constants = {k: np.ascontiguousarray(v, dtype=stored(v.dtype)) for k, v in consts.items() if k in live}
+    constants = {k: np.ascontiguousarray(v, dtype=stored(v.dtype)).reshape(v.shape) for k, v in consts.items()  # 0-d stays 0-d
+                 if k in live}
     for k, v in constants.items():
         values[k] = Value(k, v.shape, v.dtype.name)
     return Graph(name=graph_name, inputs=inputs, outputs=outputs, nodes=nodes, values=values, constants=constants)
