@@ -133,7 +133,7 @@ def _anchor(g: Graph, node: Node) -> None:
     sy, zy, _ = _qparams(g, q)
     alpha = np.float32(node.attrs.get("alpha", 1.0)) if node.op == "Gemm" else np.float32(1)
     multiplier = (np.float32(sx[0]) * sw) / np.float32(sy[0]) * alpha
-    bias = _bias(g, node, prod, np.float32(sx[0]) * sw, w.shape[0])
+    bias = _bias(g, node, prod, np.float32(sx[0]) * sw, w.shape[0], float(alpha))
     if bias is None:
         return
     y_dtype = g.constants[q.inputs[2]].dtype.name
@@ -172,8 +172,10 @@ def _weights(g: Graph, node: Node, dq_w: Node) -> tuple[np.ndarray, np.ndarray] 
     return w.astype(np.int8), np.broadcast_to(s, (n,)).astype(np.float32)
 
 
-def _bias(g: Graph, node: Node, prod: dict[str, Node], bias_scale: np.ndarray, n: int) -> np.ndarray | None:
-    """The int32 bias: the quantizer's integers when their scale is sx * sw, else the float bias rounded."""
+def _bias(g: Graph, node: Node, prod: dict[str, Node], bias_scale: np.ndarray, n: int, alpha: float) \
+        -> np.ndarray | None:
+    """The int32 bias, in units of the accumulator (which the multiplier scales by sx * sw * alpha / sy): the
+    quantizer's integers when their scale is sx * sw, else the float bias rounded."""
     if len(node.inputs) < 3 or not node.inputs[2]:
         return np.zeros(n, np.int32)
     name = node.inputs[2]
@@ -182,7 +184,7 @@ def _bias(g: Graph, node: Node, prod: dict[str, Node], bias_scale: np.ndarray, n
         raw = g.constants[dq.inputs[0]]
         s, z, _ = _qparams(g, dq)
         if raw.dtype == np.int32 and raw.size == n and not z.any() and np.broadcast_to(s, (n,)).tobytes() == \
-                bias_scale.tobytes() and node.attrs.get("beta", 1.0) == 1.0:
+                bias_scale.tobytes() and node.attrs.get("beta", 1.0) == 1.0 and alpha == 1.0:
             return raw.reshape(-1).astype(np.int32)
         value = dequantize(raw, g.constants[dq.inputs[1]], g.constants[dq.inputs[2]], dq.attrs["axis"])
     elif name in g.constants:
@@ -192,7 +194,7 @@ def _bias(g: Graph, node: Node, prod: dict[str, Node], bias_scale: np.ndarray, n
     value = np.asarray(value, np.float64) * node.attrs.get("beta", 1.0)
     if value.size not in (1, n):
         return None
-    exact = np.rint(np.broadcast_to(value.reshape(-1), (n,)) / bias_scale.astype(np.float64))
+    exact = np.rint(np.broadcast_to(value.reshape(-1), (n,)) / (bias_scale.astype(np.float64) * alpha))
     if np.abs(exact).max(initial=0) >= 2 ** 31:
         return None
     return exact.astype(np.int32)

@@ -1,0 +1,265 @@
+"""Hand-built quantized graphs, one per op form (per tensor / per channel, uint8 / int8 with negative zero
+points, saturation, ties at .5): tunaflow's numpy reference and its built library against onnxruntime and
+onnx.reference.ReferenceEvaluator; the canonical int8 nodes the quant pass makes; bad quantized models as one
+clear error naming the node."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+from onnx.reference import ReferenceEvaluator
+
+from schemas import Target
+from schemas.target import preset
+from stages.build.library import build_library
+from stages.extract import ModelError, load_model
+from stages.graph.passes import optimize
+from stages.graph.reference import run
+from stages.runtime import load
+from testing.quantize import onnxruntime_run
+
+OPSET = 19
+ELEM = {"uint8": TensorProto.UINT8, "int8": TensorProto.INT8, "float32": TensorProto.FLOAT,
+        "int32": TensorProto.INT32}
+
+
+def _model(nodes, inputs, outputs, inits) -> onnx.ModelProto:
+    graph = helper.make_graph(
+        nodes, "q", [helper.make_tensor_value_info(n, ELEM[d], s) for n, d, s in inputs],
+        [helper.make_tensor_value_info(n, ELEM[d], None) for n, d in outputs],
+        [numpy_helper.from_array(np.asarray(v), n) for n, v in inits.items()])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)])
+    model.ir_version = 9
+    return model
+
+
+def _everyone(model: onnx.ModelProto, feeds: dict, tmp_path, target: Target | None = None) -> dict[str, dict]:
+    """Outputs by who computed them: onnxruntime, onnx.reference, tunaflow's reference and its library."""
+    graph = optimize(load_model(model))
+    out = tmp_path / f"lib-{len(list(tmp_path.iterdir()))}"
+    build_library(graph, target or Target.host(), out)
+    names = [o.name for o in model.graph.output]
+    return {"onnxruntime": onnxruntime_run(model, feeds),
+            "onnx.reference": dict(zip(names, ReferenceEvaluator(model).run(None, feeds), strict=True)),
+            "tunaflow reference": run(graph, feeds), "tunaflow library": load(out).run(**feeds)}
+
+
+def _ties(scale: np.ndarray, shape: tuple[int, ...], seed: int) -> np.ndarray:
+    """Values whose quotient by their channel's `scale` (axis 1) is exactly k + 0.5 (ties), many beyond the
+    8-bit range, and every third one drawn at random."""
+    rng = np.random.default_rng(seed)
+    per = np.broadcast_to(scale.reshape(-1), (shape[1],)).reshape(1, -1, *[1] * (len(shape) - 2))
+    x = (rng.integers(-300, 300, shape) + 0.5) * per
+    x.reshape(-1)[::3] = (rng.standard_normal(x.size) * 60).reshape(-1)[::3]
+    return x.astype(np.float32)
+
+
+@pytest.mark.parametrize("dtype,zero", [("uint8", 3), ("uint8", 0), ("int8", -7), ("int8", 5)])
+@pytest.mark.parametrize("per_channel", [False, True])
+def test_quantize_dequantize_round_half_to_even_and_saturate(tmp_path, dtype, zero, per_channel):
+    shape = (2, 3, 4, 5)
+    scale = np.array([0.5, 0.25, 2.0], np.float32) if per_channel else np.array(0.5, np.float32)
+    zp = (np.array([zero, zero + 1, zero - 2]) if per_channel else np.array(zero)).astype(dtype)
+    attrs = {"axis": 1} if per_channel else {}
+    model = _model([helper.make_node("QuantizeLinear", ["x", "s", "z"], ["q"], **attrs),
+                    helper.make_node("DequantizeLinear", ["q", "s", "z"], ["y"], **attrs)],
+                   [("x", "float32", shape)], [("q", dtype), ("y", "float32")], {"s": scale, "z": zp})
+    x = _ties(scale, shape, 0)
+    results = _everyone(model, {"x": x}, tmp_path)
+    want = results.pop("onnxruntime")
+    assert want["q"].dtype == np.dtype(dtype)
+    assert (want["q"] == np.iinfo(dtype).max).any() and (want["q"] == np.iinfo(dtype).min).any()  # saturated
+    for who, got in results.items():
+        assert got["q"].dtype == want["q"].dtype, who
+        np.testing.assert_array_equal(got["q"], want["q"], err_msg=who)
+        np.testing.assert_array_equal(got["y"], want["y"], err_msg=who)
+
+
+def _qdq_conv(x_dtype: str, zx: int, group: int, relu: bool, per_channel: bool, bias: bool, seed: int = 0):
+    rng = np.random.default_rng(seed)
+    c, o = 4, 4 if group > 1 else 6
+    w = rng.integers(-127, 128, (o, c // group, 3, 3)).astype(np.int8)
+    sw = (rng.uniform(0.01, 0.03, o) if per_channel else np.array(0.02)).astype(np.float32)
+    sx, sy = np.float32(0.05), np.float32(0.4)
+    nodes = [helper.make_node("DequantizeLinear", ["x", "sx", "zx"], ["xf"]),
+             helper.make_node("DequantizeLinear", ["w", "sw", "zw"], ["wf"], axis=0)]
+    inits = {"sx": sx, "zx": np.array(zx, x_dtype), "w": w, "sw": sw, "zw": np.zeros(sw.shape, np.int8),
+             "sy": sy, "zy": np.array(128 if not relu else 0, "uint8")}
+    conv_in = ["xf", "wf"]
+    if bias:
+        inits.update(b=rng.integers(-2000, 2000, o).astype(np.int32), sb=(sx * np.broadcast_to(sw, (o,))),
+                     zb=np.zeros(o, np.int32))
+        nodes.append(helper.make_node("DequantizeLinear", ["b", "sb", "zb"], ["bf"], axis=0))
+        conv_in.append("bf")
+    nodes.append(helper.make_node("Conv", conv_in, ["yf"], pads=[1, 0, 1, 2], strides=[2, 1], group=group))
+    last = "yf"
+    if relu:
+        nodes.append(helper.make_node("Relu", ["yf"], ["yr"]))
+        last = "yr"
+    nodes += [helper.make_node("QuantizeLinear", [last, "sy", "zy"], ["yq"]),
+              helper.make_node("DequantizeLinear", ["yq", "sy", "zy"], ["y"])]
+    model = _model(nodes, [("x", x_dtype, (1, c, 9, 7))], [("y", "float32"), ("yq", "uint8")], inits)
+    lo, hi = np.iinfo(x_dtype).min, np.iinfo(x_dtype).max
+    return model, {"x": rng.integers(lo, hi + 1, (1, c, 9, 7)).astype(x_dtype)}
+
+
+@pytest.mark.parametrize("x_dtype,zx,group,relu,per_channel,bias", [
+    ("uint8", 128, 1, False, True, True), ("uint8", 17, 1, True, True, False), ("uint8", 0, 4, True, False, True),
+    ("int8", -9, 1, False, False, True), ("int8", 0, 2, True, True, True)])
+def test_qdq_conv_becomes_one_qconv2d_matching_onnxruntime_exactly(tmp_path, x_dtype, zx, group, relu, per_channel,
+                                                                    bias):
+    model, feeds = _qdq_conv(x_dtype, zx, group, relu, per_channel, bias)
+    graph = optimize(load_model(model))
+    assert [n.op for n in graph.nodes] == ["qconv2d", "DequantizeLinear"]
+    anchor = graph.nodes[0]
+    assert anchor.task is None and anchor.attrs["x_zero_point"] == zx and anchor.attrs["x_dtype"] == x_dtype
+    assert [graph.constants[i].dtype for i in anchor.inputs[1:]] == [np.int8, np.int32, np.float32]
+    assert anchor.attrs["epilogue"] == ([{"kind": "relu"}] if relu else [])
+    results = _everyone(model, feeds, tmp_path)
+    want = results.pop("onnxruntime")
+    assert len(np.unique(want["yq"])) > 20  # a real spread of output values, not all saturated
+    for who, got in results.items():
+        step = np.abs(got["yq"].astype(int) - want["yq"].astype(int)).max()
+        if who == "onnx.reference":  # float Conv between DQ and Q: a near-tie may round the other way
+            assert step <= 1, who
+        else:  # the same integer arithmetic as onnxruntime's QLinearConv
+            assert step == 0, who
+
+
+def test_qdq_gemm_and_matmul_become_qdense(tmp_path):
+    rng = np.random.default_rng(3)
+    sx, sy = np.float32(0.1), np.float32(0.3)
+    inits = {"sx": sx, "zx": np.array(120, np.uint8), "sy": sy, "zy": np.array(100, np.uint8),
+             "w1": rng.integers(-127, 128, (8, 16)).astype(np.int8),
+             "s1": rng.uniform(0.01, 0.02, 8).astype(np.float32),
+             "z1": np.zeros(8, np.int8), "w2": rng.integers(-127, 128, (8, 5)).astype(np.int8),
+             "s2": np.array(0.02, np.float32), "z2": np.array(0, np.int8),
+             "c": rng.standard_normal(8).astype(np.float32), "lo": np.array(-1.0, np.float32),
+             "hi": np.array(2.5, np.float32)}
+    nodes = [helper.make_node("DequantizeLinear", ["x", "sx", "zx"], ["xf"]),
+             helper.make_node("DequantizeLinear", ["w1", "s1", "z1"], ["w1f"], axis=0),
+             helper.make_node("Gemm", ["xf", "w1f", "c"], ["g"], transB=1, alpha=0.5),
+             helper.make_node("Clip", ["g", "lo", "hi"], ["gc"]),
+             helper.make_node("QuantizeLinear", ["gc", "sy", "zy"], ["gq"]),
+             helper.make_node("DequantizeLinear", ["gq", "sy", "zy"], ["gf"]),
+             helper.make_node("DequantizeLinear", ["w2", "s2", "z2"], ["w2f"]),
+             helper.make_node("MatMul", ["gf", "w2f"], ["m"]),
+             helper.make_node("QuantizeLinear", ["m", "sy", "zy"], ["y"])]
+    model = _model(nodes, [("x", "uint8", (3, 16))], [("y", "uint8")], inits)
+    graph = optimize(load_model(model))
+    assert [n.op for n in graph.nodes] == ["qdense", "qdense"]
+    assert graph.nodes[0].attrs["epilogue"][0]["kind"] == "clip"
+    feeds = {"x": rng.integers(0, 256, (3, 16)).astype(np.uint8)}
+    results = _everyone(model, feeds, tmp_path)
+    want = results.pop("onnxruntime")["y"].astype(int)
+    for who, got in results.items():
+        assert np.abs(got["y"].astype(int) - want).max() <= 1, who
+    np.testing.assert_array_equal(results["tunaflow library"]["y"], results["tunaflow reference"]["y"])
+
+
+def test_qlinear_conv_and_matmul_nodes(tmp_path):
+    rng = np.random.default_rng(5)
+    inits = {"sx": np.float32(0.05), "zx": np.array(10, np.uint8),
+             "w": rng.integers(-100, 100, (4, 3, 3, 3)).astype(np.int8),
+             "sw": rng.uniform(0.01, 0.03, 4).astype(np.float32), "zw": np.zeros(4, np.int8),
+             "sy": np.float32(0.5), "zy": np.array(50, np.uint8), "b": rng.integers(-500, 500, 4).astype(np.int32),
+             "m": rng.integers(-100, 100, (7, 6)).astype(np.int8), "sm": np.float32(0.03), "zm": np.array(0, np.int8),
+             "so": np.float32(0.7), "zo": np.array(3, np.uint8)}
+    nodes = [helper.make_node("QLinearConv", ["x", "sx", "zx", "w", "sw", "zw", "sy", "zy", "b"], ["c"],
+                              pads=[1, 1, 1, 1]),
+             helper.make_node("QLinearMatMul", ["c", "sy", "zy", "m", "sm", "zm", "so", "zo"], ["y"])]
+    model = _model(nodes, [("x", "uint8", (1, 3, 5, 7))], [("y", "uint8"), ("c", "uint8")], inits)
+    graph = optimize(load_model(model))
+    assert sorted(n.op for n in graph.nodes) == ["qconv2d", "qdense"]
+    results = _everyone(model, {"x": rng.integers(0, 256, (1, 3, 5, 7)).astype(np.uint8)}, tmp_path)
+    want = results.pop("onnxruntime")
+    for who, got in results.items():
+        for k in ("c", "y"):
+            assert np.abs(got[k].astype(int) - want[k].astype(int)).max() <= (1 if who == "onnx.reference" else 0), \
+                (who, k)
+
+
+def test_integer_ops_and_dynamic_quantize_exact(tmp_path):
+    """What quantize_dynamic writes: DynamicQuantizeLinear -> MatMulInteger (run-time zero point), and
+    ConvInteger with zero points, all integers: equal everywhere."""
+    rng = np.random.default_rng(7)
+    inits = {"w": rng.integers(-128, 128, (12, 5)).astype(np.int8), "zw": np.array(-3, np.int8),
+             "k": rng.integers(0, 256, (3, 2, 3, 3)).astype(np.uint8), "zk": np.array(250, np.uint8),
+             "zc": np.array(131, np.uint8)}
+    nodes = [helper.make_node("DynamicQuantizeLinear", ["x"], ["xq", "xs", "xz"]),
+             helper.make_node("MatMulInteger", ["xq", "w", "xz", "zw"], ["mm"]),
+             helper.make_node("ConvInteger", ["img", "k", "zc", "zk"], ["cv"], pads=[0, 1, 0, 1], strides=[1, 2])]
+    model = _model(nodes, [("x", "float32", (2, 4, 12)), ("img", "uint8", (1, 2, 6, 8))],
+                   [("mm", "int32"), ("cv", "int32"), ("xq", "uint8"), ("xs", "float32"), ("xz", "uint8")], inits)
+    feeds = {"x": (rng.standard_normal((2, 4, 12)) * 3 + 1).astype(np.float32),
+             "img": rng.integers(0, 256, (1, 2, 6, 8)).astype(np.uint8)}
+    results = _everyone(model, feeds, tmp_path)
+    want = results.pop("onnxruntime")
+    for who, got in results.items():
+        for k in want:
+            np.testing.assert_array_equal(got[k], want[k], err_msg=f"{who}: {k}")
+
+
+def test_max_pool_reshape_and_concat_stay_int8_between_equal_scales(tmp_path):
+    s, z = np.float32(0.1), np.array(7, np.uint8)
+    s2 = np.float32(0.2)
+    inits = {"s": s, "z": z, "s2": s2}
+    dq = [helper.make_node("DequantizeLinear", [n, "s", "z"], [n + "f"]) for n in ("a", "b")]
+    nodes = [*dq, helper.make_node("MaxPool", ["af"], ["p"], kernel_shape=[3, 3], strides=[2, 2], pads=[1, 1, 1, 1]),
+             helper.make_node("QuantizeLinear", ["p", "s", "z"], ["pq"]),
+             helper.make_node("DequantizeLinear", ["pq", "s", "z"], ["pf"]),
+             helper.make_node("Concat", ["pf", "bf"], ["cat"], axis=1),
+             helper.make_node("QuantizeLinear", ["cat", "s", "z"], ["catq"]),
+             helper.make_node("Concat", ["pf", "bf"], ["cat2"], axis=1),  # another scale: stays float
+             helper.make_node("QuantizeLinear", ["cat2", "s2", "z"], ["cat2q"])]
+    model = _model(nodes, [("a", "uint8", (1, 2, 7, 9)), ("b", "uint8", (1, 3, 4, 5))],
+                   [("catq", "uint8"), ("cat2q", "uint8")], inits)
+    graph = optimize(load_model(model))
+    ops = {n.outputs[0]: (n.op, [graph.values[i].dtype for i in n.inputs]) for n in graph.nodes}
+    assert ops["pq"] == ("MaxPool", ["uint8"]) and ops["catq"] == ("Concat", ["uint8", "uint8"])
+    assert ops["cat2"][0] == "Concat" and ops["cat2"][1] == ["float32", "float32"]
+    rng = np.random.default_rng(9)
+    feeds = {"a": rng.integers(0, 256, (1, 2, 7, 9)).astype(np.uint8),
+             "b": rng.integers(0, 256, (1, 3, 4, 5)).astype(np.uint8)}
+    results = _everyone(model, feeds, tmp_path)
+    want = results.pop("onnxruntime")
+    for who, got in results.items():
+        for k in want:
+            np.testing.assert_array_equal(got[k], want[k], err_msg=f"{who}: {k}")
+
+
+def test_avx2_target_runs_the_quantized_conv(tmp_path):
+    model, feeds = _qdq_conv("uint8", 128, 1, True, True, True, seed=4)
+    results = _everyone(model, feeds, tmp_path, preset("x86-64-avx2"))
+    np.testing.assert_array_equal(results["tunaflow library"]["yq"], results["onnxruntime"]["yq"])
+
+
+def _bad(node: onnx.NodeProto, inits: dict) -> onnx.ModelProto:
+    return _model([node], [("x", "float32", (1, 3, 4, 4))], [("y", "uint8")], inits)
+
+
+@pytest.mark.parametrize("node,inits,message", [
+    (helper.make_node("QuantizeLinear", ["x"], ["y"], name="q_no_scale"), {}, "scale input is missing"),
+    (helper.make_node("QuantizeLinear", ["x", "s", "z"], ["y"], name="q_axis", axis=4),
+     {"s": np.ones(3, np.float32), "z": np.zeros(3, np.uint8)}, "axis 4 is out of range"),
+    (helper.make_node("QuantizeLinear", ["x", "s", "z"], ["y"], name="q_float_zero"),
+     {"s": np.float32(0.1), "z": np.float32(0.0)}, "zero point 'z' is float32"),
+    (helper.make_node("QuantizeLinear", ["x", "s", "z"], ["y"], name="q_bad_scale"),
+     {"s": np.float32(-0.1), "z": np.array(0, np.uint8)}, "finite and positive"),
+])
+def test_bad_quantized_model_is_one_error_naming_the_node(node, inits, message):
+    with pytest.raises(ModelError) as err:
+        load_model(_bad(node, inits))
+    text = str(err.value)
+    assert node.name in text and message in text and "\n" not in text
+
+
+def test_float_weight_zero_point_of_a_dequantize_is_refused():
+    model = _model([helper.make_node("DequantizeLinear", ["w", "s", "z"], ["wf"], name="dq_w", axis=0),
+                    helper.make_node("Conv", ["x", "wf"], ["y"])],
+                   [("x", "float32", (1, 3, 4, 4))], [("y", "float32")],
+                   {"w": np.ones((2, 3, 1, 1), np.int8), "s": np.ones(2, np.float32), "z": np.zeros(2, np.float32)})
+    with pytest.raises(ModelError, match="'dq_w'.*zero point 'z' is float32 but its input 'w' is int8"):
+        load_model(model)
