@@ -1,8 +1,10 @@
 """Issue 25 end to end on the arm64 device under qemu (opt-in: `make arm64-test`, as root, after
 `make arm64-device`): the device's agent registers an aarch64 target with the board's CPU, a matmul and
 a conv2d are tuned over RPC for it (the host compiles, the device checks and times), kernels that crash
-on the device are recorded errors, and the bundled CNN built for aarch64 runs in the device and matches
-onnxruntime and the host's own build. Timings under emulation say nothing about a board.
+on the device (a segfault, a trap, an SVE instruction the emulated Cortex-A76 lacks) are recorded errors,
+the bundled CNN built for aarch64 runs in the device and matches onnxruntime and the host's own build, and
+prefect.yaml's arm64 deployment runs against the device end to end. Timings under emulation say nothing
+about a board.
 """
 
 from __future__ import annotations
