@@ -206,8 +206,9 @@ def test_constant_only_index_ops_fold_at_import():
      r"Expand 'ex': its shape \('n'\) must be a constant, but it is computed at run time"),
     ([N("Gather", ["t", "x"], ["r"], name="g")], [("t", F, [4]), ("x", F, [2])],
      "Gather 'g': its indices are float32, not int64 or int32"),
-    ([N("Cast", ["x"], ["r"], name="c", to=TensorProto.INT8)], [("x", F, [2])],
-     r"Cast 'c': its output 'r' is int8 at run time; tunaflow's kernels take float32, int64, int32, bool"),
+    ([N("Cast", ["x"], ["r"], name="c", to=TensorProto.UINT16)], [("x", F, [2])],
+     r"Cast 'c': its output 'r' is uint16 at run time; tunaflow's kernels take float32, int64, int32, bool, uint8, "
+     "int8"),
 ])
 def test_what_cannot_run_is_refused_at_import_naming_the_op_type(nodes, inputs, message):
     with pytest.raises(ModelError, match=message):

@@ -22,7 +22,7 @@ from testing.quantize import onnxruntime_run
 
 OPSET = 19
 ELEM = {"uint8": TensorProto.UINT8, "int8": TensorProto.INT8, "float32": TensorProto.FLOAT,
-        "int32": TensorProto.INT32}
+        "int32": TensorProto.INT32, "bool": TensorProto.BOOL}
 
 
 def _model(nodes, inputs, outputs, inits) -> onnx.ModelProto:
@@ -263,3 +263,20 @@ def test_float_weight_zero_point_of_a_dequantize_is_refused():
                    {"w": np.ones((2, 3, 1, 1), np.int8), "s": np.ones(2, np.float32), "z": np.zeros(2, np.float32)})
     with pytest.raises(ModelError, match="'dq_w'.*zero point 'z' is float32 but its input 'w' is int8"):
         load_model(model)
+
+
+def test_uint8_tensors_are_unsigned_in_casts_and_comparisons(tmp_path):
+    """Values >= 128 of a uint8 tensor: widened with zero extension, compared unsigned, saturated to 0..255."""
+    model = _model([helper.make_node("Cast", ["x"], ["f"], to=TensorProto.FLOAT),
+                    helper.make_node("Cast", ["x"], ["i"], to=TensorProto.INT32),
+                    helper.make_node("Less", ["x", "t"], ["lt"]),
+                    helper.make_node("Cast", ["v"], ["u"], to=TensorProto.UINT8)],
+                   [("x", "uint8", (6,)), ("t", "uint8", (6,)), ("v", "float32", (6,))],
+                   [("f", "float32"), ("i", "int32"), ("u", "uint8"), ("lt", "bool")], {})
+    feeds = {"x": np.array([0, 1, 127, 128, 200, 255], np.uint8), "t": np.array([1, 1, 200, 127, 255, 0], np.uint8),
+             "v": np.array([0.0, 1.0, 127.0, 128.0, 200.0, 255.0], np.float32)}
+    results = _everyone(model, feeds, tmp_path)
+    want = results.pop("onnxruntime")
+    for who, got in results.items():
+        for k in want:
+            np.testing.assert_array_equal(got[k], want[k], err_msg=f"{who}: {k}")

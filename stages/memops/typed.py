@@ -46,12 +46,14 @@ def convert(b: ir.IRBuilder, v: ir.Value, src: str, dst: str) -> ir.Value:
         bit = truth(b, v, src)
         return b.uitofp(bit, F32) if dst == "float32" else b.zext(bit, ELEMENT[dst])
     if dst == "float32":
-        return b.sitofp(v, F32)
+        return b.uitofp(v, F32) if src == "uint8" else b.sitofp(v, F32)
     ty = ELEMENT[dst]
     if src == "float32":
-        name = f"llvm.fptosi.sat.i{ty.width}.f32"
-        return b.call(intrinsic(b.module, name, ty, [F32]), [v])
-    return b.sext(v, ty) if ty.width > v.type.width else b.trunc(v, ty)
+        sat = "fptoui" if dst == "uint8" else "fptosi"
+        return b.call(intrinsic(b.module, f"llvm.{sat}.sat.i{ty.width}.f32", ty, [F32]), [v])
+    if ty.width <= v.type.width:
+        return b.trunc(v, ty) if ty.width < v.type.width else v
+    return b.zext(v, ty) if src == "uint8" else b.sext(v, ty)
 
 
 def typed_map(ctx: OpCtx, fn: Combine, inputs: list[int] | None = None) -> None:
@@ -80,7 +82,8 @@ def _compare(op: str) -> Callable[[OpCtx], None]:
             typed_map(ctx, lambda b, v: _bit(b, b.icmp_unsigned(FLOAT_CMP[op], truth(b, v[0], dtype),
                                                                 truth(b, v[1], dtype))))
         else:
-            typed_map(ctx, lambda b, v: _bit(b, b.icmp_signed(FLOAT_CMP[op], v[0], v[1])))
+            cmp = "icmp_unsigned" if dtype == "uint8" else "icmp_signed"
+            typed_map(ctx, lambda b, v: _bit(b, getattr(b, cmp)(FLOAT_CMP[op], v[0], v[1])))
     return gen
 
 
