@@ -104,7 +104,7 @@ def tracker_status(
 
 @runner_app.command("serve")
 def runner_serve(
-    key: Annotated[str, typer.Option(help="device key clients ask for, e.g. android_device")],
+    key: Annotated[str, typer.Option(help="device key clients ask for, e.g. arm64")],
     tracker: TrackerAddr = "127.0.0.1:9190",
     token_file: TokenFile = None,
     target: Annotated[str, typer.Option(help="what this device is: 'host' or a target string")] = "host",
@@ -117,7 +117,7 @@ def runner_serve(
 ) -> None:
     """Measure candidates for the tracker until interrupted. It runs machine code from whoever holds the token.
 
-    Example: tunaflow runner serve --tracker 127.0.0.1:9190 --key android_device
+    Example: tunaflow runner serve --tracker 127.0.0.1:9190 --key arm64
     (an arm64 userland under qemu reads its CPU as generic: add --cpu cortex-a76)
     """
     import logging
