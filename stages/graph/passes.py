@@ -11,9 +11,11 @@
    become one node each, which the fusion pass absorbs as one epilogue op.
 3. `rewrite_layernorm` (passes_norm.py): the opset < 17 decomposition of layer normalisation
    (ReduceMean, Sub, Pow, ReduceMean, Add, Sqrt, Div, Mul, Add) becomes one LayerNormalization.
-4. `fuse` (passes_fuse.py): every Conv / Gemm / MatMul becomes an anchor node with a TuningTask
+4. `fuse_attention_softmax` (passes_transformer.py): attention's scale, mask add, softmax and NaN guard
+   after Q K^T become one AttentionSoftmax row kernel.
+5. `fuse` (passes_fuse.py): every Conv / Gemm / MatMul becomes an anchor node with a TuningTask
    and absorbs the element-wise chain after it into the task's epilogue.
-5. `eliminate_dead`: nodes nobody reads, and constants nobody reads, are dropped.
+6. `eliminate_dead`: nodes nobody reads, and constants nobody reads, are dropped.
 
 Layout: activations stay NCHW between nodes; the conv2d template re-lays its weights (and blocks
 its input internally) itself, so no layout-transform nodes are needed between convolutions.
@@ -30,13 +32,15 @@ from stages.graph.passes_act import rewrite_activations
 from stages.graph.passes_fuse import fuse
 from stages.graph.passes_norm import rewrite_layernorm
 from stages.graph.passes_quant import quantize_graph
+from stages.graph.passes_transformer import fuse_attention_softmax
 
 
 def optimize(graph: Graph) -> Graph:
     """A new graph with every pass applied; the input graph is left as it was (constant arrays are shared:
     passes add new constants, they never write into existing ones)."""
     g = copy.deepcopy(graph, memo={id(a): a for a in graph.constants.values()})
-    for p in (quantize_graph, fold_batchnorm, rewrite_activations, rewrite_layernorm, fuse, eliminate_dead):
+    for p in (quantize_graph, fold_batchnorm, rewrite_activations, rewrite_layernorm, fuse_attention_softmax, fuse,
+              eliminate_dead):
         p(g)
     return g
 

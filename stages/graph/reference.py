@@ -34,6 +34,7 @@ from stages.graph.epilogue import apply_reference
 from stages.graph.ir import Graph, Node
 from stages.graph.reference_index import INDEX_OPS
 from stages.graph.reference_quant import QUANT_OPS
+from stages.graph.reference_transformer import TRANSFORMER_OPS
 
 OpFn = Callable[[list[np.ndarray], dict], list[np.ndarray]]
 
@@ -329,4 +330,5 @@ OPS: dict[str, OpFn] = {
     "BatchNormalization": _batch_norm,
     **INDEX_OPS,
     **QUANT_OPS,
+    **TRANSFORMER_OPS,
 }

@@ -95,7 +95,7 @@ def _rows(ctx: OpCtx, axis: int, last: bool) -> tuple[int, int, int]:
 ROW_LANES = 16  # vectors along a contiguous row (split by LLVM on narrower targets)
 
 
-def _row_chunks(b: ir.IRBuilder, n: int, base: ir.Value, body: Callable[[ir.Value, ir.Value | None], None]) -> None:
+def row_chunks(b: ir.IRBuilder, n: int, base: ir.Value, body: Callable[[ir.Value, ir.Value | None], None]) -> None:
     """`body(offset, mask)` over a row of `n` floats at `base`: its whole vectors (mask None), then its tail."""
     full, tail = divmod(n, ROW_LANES)
     with for_range(b, i64(0), i64(full), name="v") as c:
@@ -104,7 +104,7 @@ def _row_chunks(b: ir.IRBuilder, n: int, base: ir.Value, body: Callable[[ir.Valu
         body(add(b, base, i64(full * ROW_LANES)), lane_mask(ROW_LANES, tail))
 
 
-def _row_load(b: ir.IRBuilder, ptr: ir.Value, at: ir.Value, mask: ir.Value | None, fill: ir.Value) -> ir.Value:
+def row_load(b: ir.IRBuilder, ptr: ir.Value, at: ir.Value, mask: ir.Value | None, fill: ir.Value) -> ir.Value:
     v = load_vec(b, gep(b, ptr, at), ROW_LANES, mask)
     return v if mask is None else b.select(mask, v, fill)
 
@@ -117,9 +117,9 @@ def _sum_rows(ctx: OpCtx, rows: int, n: int, scale: float) -> None:
     acc = ctx.local(vec(ROW_LANES))
     with for_range(b, i64(0), i64(rows), name="row") as r:
         b.store(zero, acc)
-        _row_chunks(b, n, mul(b, r, i64(n)), lambda at, mask: b.store(
-            b.fadd(b.load(acc), _row_load(b, x, at, mask, zero)), acc))
-        total = _across_lanes(b, "fadd", b.load(acc))
+        row_chunks(b, n, mul(b, r, i64(n)), lambda at, mask: b.store(
+            b.fadd(b.load(acc), row_load(b, x, at, mask, zero)), acc))
+        total = across_lanes(b, "fadd", b.load(acc))
         _store(b, total if scale == 1 else b.fmul(total, f32(scale)), y, r)
 
 
@@ -131,18 +131,18 @@ def _softmax_rows(ctx: OpCtx, rows: int, n: int, log: bool) -> None:
     ninf, zero = fconst(vec(L), -math.inf), fconst(vec(L), 0.0)
 
     def chunks(base: ir.Value, body: Callable[[ir.Value, ir.Value | None], None]) -> None:
-        _row_chunks(b, n, base, body)
+        row_chunks(b, n, base, body)
 
     def load(ptr: ir.Value, at: ir.Value, mask: ir.Value | None, fill: ir.Value) -> ir.Value:
-        return _row_load(b, ptr, at, mask, fill)
+        return row_load(b, ptr, at, mask, fill)
 
     with for_range(b, i64(0), i64(rows), name="row") as o:
         base = mul(b, o, i64(n))
         acc = ctx.local(vec(L))
         b.store(ninf, acc)
         chunks(base, lambda at, mask: b.store(
-            _window_max(b, b.load(acc), load(x, at, mask, ninf)), acc))
-        top = _across_lanes(b, "fmax", b.load(acc))
+            window_max(b, b.load(acc), load(x, at, mask, ninf)), acc))
+        top = across_lanes(b, "fmax", b.load(acc))
         mx = splat(b, top, L)
         b.store(zero, acc)
 
@@ -153,7 +153,7 @@ def _softmax_rows(ctx: OpCtx, rows: int, n: int, log: bool) -> None:
             if not log:
                 store_vec(b, e, gep(b, y, at), mask)
         chunks(base, exp_sum)
-        total = _across_lanes(b, "fadd", b.load(acc))
+        total = across_lanes(b, "fadd", b.load(acc))
         if log:
             # (x - max) - log(sum): exact differences first, so rows of large values keep their precision
             ls = splat(b, call_f32(b, "llvm.log.f32", total), L)
@@ -164,7 +164,7 @@ def _softmax_rows(ctx: OpCtx, rows: int, n: int, log: bool) -> None:
             chunks(base, lambda at, mask: store_vec(b, b.fmul(load(y, at, mask, zero), r), gep(b, y, at), mask))
 
 
-def _across_lanes(b: ir.IRBuilder, kind: str, v: ir.Value) -> ir.Value:
+def across_lanes(b: ir.IRBuilder, kind: str, v: ir.Value) -> ir.Value:
     """A vector's lanes combined into one float (`fadd` in any order, `fmax`)."""
     n = v.type.count
     if kind == "fmax":
@@ -325,7 +325,7 @@ def _emit_pool(ctx, kind, sp, osp, k, s, d, pb, pe, include_pad) -> None:
     lo = [-(-p // st) for p, st in zip(pb, s, strict=True)]
     hi = [max(lo_d, min(o, (i - 1 + p - (kk - 1) * dd) // st + 1)) if i - 1 + p - (kk - 1) * dd >= 0 else lo_d
           for o, i, p, kk, dd, st, lo_d in zip(osp, sp, pb, k, d, s, lo, strict=True)]
-    combine = _window_max if kind == "max" else (lambda b, a, v: b.fadd(a, v))
+    combine = window_max if kind == "max" else (lambda b, a, v: b.fadd(a, v))
     init = f32(-math.inf if kind == "max" else 0.0)
     with ctx.parallel(oh_n, min_items=-(-POOL_ITEM_FLOATS // (nc * w * s[0]))) as oh:
         b, x, y = ctx.b, ctx.inp(), ctx.out()
@@ -407,7 +407,7 @@ def _emit_pool(ctx, kind, sp, osp, k, s, d, pb, pe, include_pad) -> None:
             column_pass(c)
 
 
-def _window_max(b: ir.IRBuilder, total: ir.Value, v: ir.Value) -> ir.Value:
+def window_max(b: ir.IRBuilder, total: ir.Value, v: ir.Value) -> ir.Value:
     """`total > v ? total : v` compare-ordered: one `maxps` (a NaN tap wins over the taps before it).
     The unordered form that keeps a NaN total costs a compare and a blend per tap: MaxPool 12.5 -> 9.9 us
     on the bundled CNN's 16x64x64 input."""
