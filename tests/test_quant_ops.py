@@ -280,3 +280,26 @@ def test_uint8_tensors_are_unsigned_in_casts_and_comparisons(tmp_path):
     for who, got in results.items():
         for k in want:
             np.testing.assert_array_equal(got[k], want[k], err_msg=f"{who}: {k}")
+
+
+def test_residual_add_becomes_qadd_rounding_as_onnxruntime(tmp_path):
+    """DQ(a) + DQ(b) -> Q: one int8 `qadd` that rounds as onnxruntime's QLinearAdd does, element for element, on
+    every pair of uint8 values (with these scales another order of its two fused multiply-adds rounds 1 or 2 of
+    the 65536 pairs the other way, and the float DQ, Add, Q of ONNX's definition may differ by a step)."""
+    inits = {"sa": np.float32(0.09846683), "za": np.array(215, np.uint8), "sb": np.float32(0.07484336),
+             "zb": np.array(176, np.uint8), "sy": np.float32(0.07203674), "zy": np.array(180, np.uint8)}
+    nodes = [helper.make_node("DequantizeLinear", ["a", "sa", "za"], ["af"]),
+             helper.make_node("DequantizeLinear", ["b", "sb", "zb"], ["bf"]),
+             helper.make_node("Add", ["af", "bf"], ["s"]),
+             helper.make_node("QuantizeLinear", ["s", "sy", "zy"], ["y"])]
+    model = _model(nodes, [("a", "uint8", (1, 1, 256, 256)), ("b", "uint8", (1, 1, 256, 256))], [("y", "uint8")],
+                   inits)
+    graph = optimize(load_model(model))
+    assert [n.op for n in graph.nodes] == ["qadd"]
+    a, b = np.meshgrid(np.arange(256), np.arange(256), indexing="ij")
+    feeds = {"a": a.astype(np.uint8).reshape(1, 1, 256, 256), "b": b.astype(np.uint8).reshape(1, 1, 256, 256)}
+    results = _everyone(model, feeds, tmp_path)
+    want = results.pop("onnxruntime")["y"].astype(int)
+    for who, got in results.items():
+        step = np.abs(got["y"].astype(int) - want).max()
+        assert step <= (1 if who == "onnx.reference" else 0), who

@@ -41,6 +41,7 @@ SHAPES: dict[str, Callable[[list[Shape], dict], list[Shape]]] = {
     "MatMulInteger": _matmul_shape,
     "qconv2d": _conv_shape,
     "qdense": _qdense_shape,
+    "qadd": lambda s, a: [s[0]],
 }
 
 DTYPES: dict[str, Callable[[list[str], dict], list[str]]] = {
@@ -51,4 +52,5 @@ DTYPES: dict[str, Callable[[list[str], dict], list[str]]] = {
     "MatMulInteger": lambda ins, a: ["int32"],
     "qconv2d": lambda ins, a: [a["y_dtype"]],
     "qdense": lambda ins, a: [a["y_dtype"]],
+    "qadd": lambda ins, a: [a["y_dtype"]],
 }

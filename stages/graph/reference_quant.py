@@ -1,6 +1,6 @@
-"""The numpy reference of the quantized ops (normalised as stages/extract/quant.py says) and of the canonical
-int8 anchors `qconv2d` / `qdense` (stages/graph/passes_quant.py), with ONNX's arithmetic: float32 division
-by the scale, round half to even, saturation; integer products accumulated exactly.
+"""The numpy reference of the quantized ops (normalised as stages/extract/quant.py says), of the canonical int8
+anchors `qconv2d` / `qdense` and of the int8 `qadd` (stages/graph/passes_quant.py), with ONNX's arithmetic:
+float32 division by the scale, round half to even, saturation; integer products accumulated exactly.
 
 Canonical anchors: inputs [X (uint8|int8), W (int8), B (int32, [N]), S (float32, [N])], attrs `x_zero_point`,
 `y_zero_point`, `x_dtype`, `y_dtype`, `epilogue` (a list of {"kind": "relu"} / {"kind": "clip", "min": q,
@@ -122,7 +122,20 @@ def _matmul_integer(args: list[np.ndarray], a: dict) -> list[np.ndarray]:
     return [np.matmul(xs, ws).astype(np.int32)]
 
 
+def _qadd(args: list[np.ndarray], a: dict) -> list[np.ndarray]:
+    """saturate(round(fma(A, ra, fma(B, rb, offset)))) in float32 (passes_quant.py derives the constants). Each
+    fused multiply-add is exact in float64 before its one rounding: an 8-bit integer times a float32, plus a
+    float32 of like magnitude, spans well under 53 bits."""
+    f = np.float32
+    x, y = (v.astype(np.float64) for v in args)
+    inner = (y * f(a["b_ratio"]) + f(a["offset"])).astype(np.float32)
+    total = (x * f(a["a_ratio"]) + inner).astype(np.float32)
+    lo, hi = limits(a["y_dtype"])
+    return [np.clip(np.rint(total), lo, hi).astype(a["y_dtype"])]
+
+
 QUANT_OPS: dict[str, OpFn] = {
+    "qadd": _qadd,
     "QuantizeLinear": lambda args, a: [quantize(args[0], args[1], args[2], a["axis"], a["dtype"])],
     "DequantizeLinear": lambda args, a: [dequantize(args[0], args[1], args[2], a["axis"])],
     "DynamicQuantizeLinear": _dynamic_quantize,

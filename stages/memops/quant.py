@@ -1,5 +1,5 @@
 """Run-time kernels of the quantized ops: Quantize/DequantizeLinear, DynamicQuantizeLinear, ConvInteger,
-MatMulInteger, an int8 MaxPool, and the canonical int8 anchors `qconv2d` / `qdense` (arithmetic in
+MatMulInteger, an int8 MaxPool and Add (`qadd`), and the canonical int8 anchors `qconv2d` / `qdense` (arithmetic in
 stages/graph/reference_quant.py).
 
 Integer products accumulate exactly in int32; a float is rounded half to even (`llvm.roundeven`, what
@@ -300,11 +300,26 @@ def max_pool_int8(ctx: OpCtx) -> None:
             b.store(b.trunc(b.load(best), I8), gep(b, y, out_at), align=1)
 
 
+def qadd(ctx: OpCtx) -> None:
+    """y = saturate(round(fma(a, ra, fma(b, rb, offset)))) over two int8 tensors of one shape, in float32."""
+    shape, dtype = ctx.out_shape(), ctx.attr("y_dtype")
+    ra, rb, offset = (f32(float(ctx.attr(k))) for k in ("a_ratio", "b_ratio", "offset"))
+    da, db = ctx.in_dtype(0), ctx.in_dtype(1)
+
+    def fn(b: ir.IRBuilder, v: list[ir.Value]) -> ir.Value:
+        x, y = (b.sitofp(widen(b, val, d), F32) for val, d in zip(v, (da, db), strict=True))
+        fma = intrinsic(b.module, "llvm.fma.f32", F32, [F32] * 3)
+        return saturate(b, roundeven(b, b.call(fma, [x, ra, b.call(fma, [y, rb, offset])])), dtype)
+    strides = contiguous_strides(shape)
+    emit_map(ctx.b, shape, Operand(ctx.out(), strides), [Operand(ctx.inp(0), strides), Operand(ctx.inp(1), strides)],
+             fn)
+
+
 # Kernels of the quantized ops, whatever their operand types.
 OPS: dict[str, Callable[[OpCtx], None]] = {
     "QuantizeLinear": quantize_linear, "DequantizeLinear": dequantize_linear,
     "DynamicQuantizeLinear": dynamic_quantize_linear, "ConvInteger": conv_integer, "MatMulInteger": matmul_integer,
-    "qconv2d": qconv2d, "qdense": qdense,
+    "qconv2d": qconv2d, "qdense": qdense, "qadd": qadd,
 }
 # uint8 / int8 versions of float memory-bound ops (the quant pass leaves them on the integers).
 INT8_OPS: dict[str, Callable[[OpCtx], None]] = {"MaxPool": max_pool_int8}
