@@ -303,3 +303,25 @@ def test_residual_add_becomes_qadd_rounding_as_onnxruntime(tmp_path):
     for who, got in results.items():
         step = np.abs(got["y"].astype(int) - want).max()
         assert step <= (1 if who == "onnx.reference" else 0), who
+
+
+def test_task_fields_describe_the_canonical_anchor():
+    """What the int8 templates get: X, W (int8), B (int32), S (float32) specs, zero points, conv attributes and the
+    epilogue; a TuningTask is made of them once the task schema has the int8 ops."""
+    from typing import get_args
+
+    from schemas.task import OpKind, TuningTask
+    from stages.graph.passes_quant import task_fields
+
+    model, _ = _qdq_conv("uint8", 17, 1, True, True, True)
+    graph = optimize(load_model(model))
+    fields = task_fields(graph, graph.nodes[0])
+    assert fields["op"] == "qconv2d"
+    assert [(s["shape"], s["dtype"]) for s in fields["inputs"]] == [
+        ((1, 4, 9, 7), "uint8"), ((6, 4, 3, 3), "int8"), ((6,), "int32"), ((6,), "float32")]
+    assert fields["outputs"] == [{"shape": (1, 6, 5, 7), "dtype": "uint8"}]
+    assert fields["attrs"] == {"x_zero_point": 17, "y_zero_point": 0, "strides": (2, 1), "pads": (1, 0, 1, 2),
+                               "dilations": (1, 1), "group": 1}
+    assert fields["epilogue"] == [{"kind": "relu", "attrs": {}}]
+    if "qconv2d" in get_args(OpKind):
+        assert TuningTask(**fields).flops == 2 * 6 * 5 * 7 * 4 * 3 * 3
