@@ -328,6 +328,13 @@ class Model:
     def profile(self, number: int, *args: np.ndarray, warmup: int = 3,
                 **named: np.ndarray) -> list[tuple[OpInfo, float]]:
         """Median seconds of each kernel call over `number` runs, in graph order (aliases cost nothing)."""
+        ops, seconds = self.profile_samples(number, *args, warmup=warmup, **named)
+        return list(zip(ops, (float(m) for m in np.median(seconds, axis=0)), strict=False))
+
+    def profile_samples(self, number: int, *args: np.ndarray, warmup: int = 3,
+                        **named: np.ndarray) -> tuple[list[OpInfo], np.ndarray]:
+        """The kernel calls in graph order and their seconds, one row per timed run (`number` x calls): the
+        rows keep the order they ran in, so a caller can take medians per round of consecutive runs."""
         fn = getattr(self._lib, PROFILE, None)
         if fn is None:
             raise LoadError(f"{self.path} has no {PROFILE}: it was built by an older tunaflow; rebuild it")
@@ -343,8 +350,8 @@ class Model:
         for row in seconds:
             self._stopped(fn(ins, res, self._weights.ctypes.data, self._work.ctypes.data, row.ctypes.data,
                              self._status.ctypes.data))
-        medians = np.median(seconds[warmup:], axis=0)
-        return list(zip(ops, (float(m) for m in medians), strict=False))
+        n = min(len(ops), seconds.shape[1])
+        return ops[:n], seconds[warmup:, :n]
 
     def bench(self, number: int, *args: np.ndarray, warmup: int = 3, **named: np.ndarray) -> list[float]:
         """Seconds of each of `number` calls (after `warmup` untimed ones)."""

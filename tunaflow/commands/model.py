@@ -135,9 +135,15 @@ def run(
                                               "and the time its record had when tuned")] = 0,
     threads: Annotated[int | None, typer.Option(min=1, max=MAX_THREADS,
                                                 help="check the library was built for this many threads")] = None,
+    alone: Annotated[bool, typer.Option("--alone", help="with --profile: also time each tuned anchor's kernel alone "
+                                                        "through the tuner's runner (interleaved), to tell why")]
+    = False,
+    log: Annotated[Path | None, typer.Option(help="with --profile: the tuning log the records came from (default: "
+                                                  "the one the manifest names)")] = None,
     json_out: JsonOpt = False,
 ) -> None:
-    """Run a built library on inputs from an .npz (and optionally time it, whole or per op).
+    """Run a built library on inputs from an .npz (and optionally time it, whole or per op; --profile flags
+    every tuned anchor more than 5% off the time its record says, with what can be told about why).
 
     Example: tunaflow run runs/cnn/lib --inputs in.npz --output out.npz --bench 50 --profile 50
     """
@@ -155,19 +161,20 @@ def run(
                    f"`tunaflow build ... --threads {threads}` (the kernels' threading is compiled in)")
     output = _npz_path(output) if output is not None else None
     feeds = _feeds(model, inputs)
+    if log is not None and not log.is_dir():
+        raise fail(f"--log {log}: no tuning log there (a directory of Parquet parts)")
     try:
         results = model.run(**feeds)
         stats = latency_stats(model.bench(bench, **feeds)) if bench > 0 else None
-        per_op = model.profile(profile, **feeds) if profile > 0 else None
+        deployed = _deployed(model, profile, feeds, log, alone) if profile > 0 else None
     except LoadError as exc:
         raise fail(str(exc)) from exc
     if output is not None:
         np.savez(output, **results)
     report = {"library": str(library), "outputs": {k: list(v.shape) for k, v in results.items()},
               "output_file": str(output) if output else None, "threads": model.manifest.threads, "latency": stats,
-              "profile": [{"node": op.node, "op": op.op, "kind": op.kind, "task": op.task, "median_us": s * 1e6,
-                           "tuned_us": op.record["median_s"] * 1e6 if op.record else None}
-                          for op, s in per_op] if per_op is not None else None}
+              "profile": deployed["profile"] if deployed else None,
+              "deployed": deployed["summary"] if deployed else None}
     if json_out:
         print(json.dumps(report))
         return
@@ -180,22 +187,64 @@ def run(
         out.print(f"latency  : median {stats['median_ms']:.3f} ms, p90 {stats['p90_ms']:.3f} ms over "
                   f"{stats['calls']} calls ({model.manifest.threads} thread(s))")
     if report["profile"] is not None:
-        _print_profile(report["profile"], profile)
+        _print_profile(report["profile"], report["deployed"], profile)
 
 
-def _print_profile(rows: list[dict], runs: int) -> None:
+def _deployed(model, runs: int, feeds: dict, log: Path | None, alone: bool) -> dict:
+    """Per op: its median in the model; per tuned anchor also its record's time and the verdict
+    (stages/runtime/deployed.py), with --alone its kernel timed alone too, interleaved with the profile."""
+    import numpy as np
+
+    from stages.measure import noise
+    from stages.runtime import deployed
+
+    records = deployed.chosen_records(model.manifest, log)
+    start = noise.sample()
+    if alone:
+        ops, samples, times = deployed.profile_and_time_alone(model, runs, feeds, records)
+    else:
+        (ops, samples), times = model.profile_samples(runs, **feeds), None
+    window = noise.between(start, noise.sample())
+    verdicts = deployed.anchor_times(model.manifest, ops, samples, records, times, window)
+    by_node = {v.node: v for v in verdicts}
+    rows = []
+    for i, op in enumerate(ops):
+        v = by_node.get(op.node)
+        rows.append({"node": op.node, "op": op.op, "kind": op.kind, "task": op.task,
+                     "median_us": float(np.median(samples[:, i])) * 1e6,
+                     "tuned_us": op.record["median_s"] * 1e6 if op.record else None}
+                    | (v.model_dump(exclude={"node", "task", "tuned_us"}) if v else {}))
+    return {"profile": rows, "summary": deployed.summary(verdicts) | {
+        "tolerance": deployed.TOLERANCE, "rounds": deployed.ROUNDS, "records_found": len(records),
+        "noise": window.model_dump() if window else None}}
+
+
+def _print_profile(rows: list[dict], summary: dict, runs: int) -> None:
     from rich.table import Table
 
     total = sum(r["median_us"] for r in rows) or 1.0
     table = Table(title=f"per-op time, median of {runs} runs (sum {total:.1f} us)")
-    for col in ("#", "node", "op", "kind", "us", "share", "when tuned us"):
-        table.add_column(col, justify="right" if col in ("#", "us", "share", "when tuned us") else "left")
+    cols = ("#", "node", "op", "kind", "us", "share", "when tuned us", "in model / tuned")
+    for col in cols:
+        table.add_column(col, justify="left" if col in ("node", "op", "kind") else "right")
     for i, r in sorted(enumerate(rows), key=lambda ir: -ir[1]["median_us"]):
         tuned = f"{r['tuned_us']:.1f}" if r["tuned_us"] is not None else "-"
+        ratio = f"{r['ratio']:.2f}" + (" off" if r["off"] else "") if "ratio" in r else "-"
         op = r["task"].split("(")[0] if r["task"] else r["op"]  # an anchor's implementation, e.g. conv2d_winograd
         table.add_row(str(i), escape(r["node"]), escape(op), r["kind"], f"{r['median_us']:.1f}",
-                      f"{r['median_us'] / total:.0%}", tuned)
+                      f"{r['median_us'] / total:.0%}", tuned, f"[yellow]{ratio}[/]" if r.get("off") else ratio)
     out.print(table)
+    if not summary["anchors"]:
+        return
+    out.print(f"in model / tuned: the fastest of {summary['rounds']} rounds' medians against the record's figure (the "
+              f"tuner's rule); median {summary['median_ratio']:.2f} over {summary['anchors']} tuned anchor(s), "
+              f"{summary['off']} off by more than {summary['tolerance']:.0%}")
+    for r in rows:
+        if r.get("off"):
+            alone = (f", alone {r['alone_us']:.1f} us the tuner's way, {r['alone_call_us']:.1f} per call"
+                     if r.get("alone_us") else "")
+            out.print(f"  {escape(r['node'])} ({r['deployed_us']:.1f} us in the model, {r['tuned_us']:.1f} when "
+                      f"tuned{alone}): {escape('; '.join(r['reasons']))}")
 
 
 def _npz_path(output: Path) -> Path:
