@@ -75,6 +75,18 @@ def test_extremes_255_times_minus_128_are_exact(target, isa):
     np.testing.assert_array_equal(out, np.tile(np.arange(20, dtype=np.uint8), (3, 1)))
 
 
+@pytest.mark.parametrize(("target", "isa"), PATHS, ids=[f"{t.name}-{i}" for t, i in PATHS])
+def test_rounding_is_half_to_even_and_huge_sums_saturate(target, isa):
+    """acc * 0.5 at every .5 rounds to the even neighbour (2.5 -> 2, 3.5 -> 4, -2.5 -> -2); sums near the
+    int32 limits saturate instead of wrapping through an out-of-range conversion."""
+    acc = np.array([5, 7, -5, -7, 1, 3, 2147483000, -2147483000, 0, 9], dtype=np.int64)
+    task = qdense.task(1, len(acc), 1, y_dtype="int8", y_zero_point=10)
+    x, w = np.ones((1, 1), dtype=np.uint8), np.ones((len(acc), 1), dtype=np.int8)
+    bias, scale = (acc - 1).astype(np.int32), np.array([0.5] * 6 + [1.0, 1.0, 0.5, 0.5], dtype=np.float32)
+    out = _run(task, target, _on(target, isa, task), [x, w, bias, scale])
+    np.testing.assert_array_equal(out[0], np.array([12, 14, 8, 6, 10, 12, 127, -128, 10, 14], dtype=np.int8))
+
+
 def test_the_fallback_and_vnni_paths_emit_their_instructions():
     task = qdense.task(16, 64, 64)
     assert "vpmaddwd" in assembly(qdense.build_ir(task, _on(AVX2, "avx2", task), AVX2), AVX2)

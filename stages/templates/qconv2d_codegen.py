@@ -198,7 +198,7 @@ class _Conv:
                 for j in range(s.nv):
                     k = at(i, r, j)
                     v = b.add(isa_.finish(b, s.isa, accs[k:k + parts]), bi)
-                    store_bytes(b, rq_.emit(b, self.rq, v, sv), gep(b, row, i64(j * lanes)),
+                    store_bytes(b, rq_.emit(b, self.rq, v, sv, s.isa != "generic"), gep(b, row, i64(j * lanes)),
                                 row_mask(b, ok, cmasks[j], lanes))
 
 

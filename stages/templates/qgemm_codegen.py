@@ -203,7 +203,7 @@ class _Gen:
             for i in range(mr):
                 at = (i * nv + j) * parts
                 v = b.add(isa_.finish(b, s.isa, accs[at:at + parts]), bj)
-                out = rq_.emit(b, g.requant, v, sj)
+                out = rq_.emit(b, g.requant, v, sj, s.isa != "generic")
                 ok = b.icmp_signed("<", i64(i), rows) if (g.m % mr and i) else None
                 store_bytes(b, out, gep(b, ybase, i64(i * g.n + j * lanes)), row_mask(b, ok, cmask, lanes))
 

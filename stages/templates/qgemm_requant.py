@@ -1,9 +1,8 @@
 """The int8 anchors' requantize epilogue (the shared spec of issue 26), in IR and in numpy.
 
 `y = saturate(round_half_to_even(float32(acc_i32) * S[n]) + zy)`, then the fused `relu` (a lower
-clamp at zy) and `clip` (min, max given in the quantized domain) in order. The IR clamps the
-rounded float before converting it (bounds shifted by -zy are small integers, so clamping there
-is exact, and the conversion never sees a value out of the int32 range).
+clamp at zy) and `clip` (min, max given in the quantized domain) in order. Every bound is an
+integer, so clamping before or after rounding gives the same bytes.
 """
 
 from __future__ import annotations
@@ -14,7 +13,7 @@ import numpy as np
 from llvmlite import ir
 
 from schemas.task import EpilogueOp, TuningTask
-from stages.codegen.irb import F32, call_math, fconst
+from stages.codegen.irb import F32, call_math, fconst, intrinsic
 from stages.templates.qgemm_isa import I8, ivec
 
 FUSABLE = ("relu", "clip")
@@ -46,17 +45,29 @@ def requant_of(task: TuningTask) -> Requant:
     return Requant(zy=zy, bounds=tuple(bounds))
 
 
-def emit(b: ir.IRBuilder, rq: Requant, acc: ir.Value, scale: ir.Value) -> ir.Value:
-    """`<lanes x i8>` outputs of `<lanes x i32>` sums (bias included) and `<lanes x float>` scales."""
+def emit(b: ir.IRBuilder, rq: Requant, acc: ir.Value, scale: ir.Value, x86: bool) -> ir.Value:
+    """`<lanes x i8>` outputs of `<lanes x i32>` sums (bias included) and `<lanes x float>` scales.
+
+    The clamps act on the float (bounds shifted by -zy), so the conversion never leaves the int32
+    range; on x86 (`x86`) rounding and conversion are one `llvm.lrint` (`cvtps2dq`, round-half-even
+    under the default MXCSR), elsewhere `llvm.rint` then a truncating conversion, which every LLVM
+    backend lowers natively. (Clamping in int32 instead, which LLVM folds into a saturating masked
+    `vpmovusdb` store, gave wrong bytes at tiles' right edges in test_qdense's odd shapes.)"""
     lanes = acc.type.count
-    f = call_math(b, "llvm.rint", b.fmul(b.sitofp(acc, ir.VectorType(F32, lanes)), scale))
+    ity = ivec(lanes)
+    f = b.fmul(b.sitofp(acc, ir.VectorType(F32, lanes)), scale)
+    if not x86:
+        f = call_math(b, "llvm.rint", f)
     for lo, hi in rq.bounds:
         if lo is not None:
             f = call_math(b, "llvm.maxnum", f, fconst(f.type, float(lo) - rq.zy))
         if hi is not None:
             f = call_math(b, "llvm.minnum", f, fconst(f.type, float(hi) - rq.zy))
-    y = b.add(b.fptosi(f, ivec(lanes)), ir.Constant(ivec(lanes), [rq.zy] * lanes))
-    return b.trunc(y, ir.VectorType(I8, lanes))
+    if x86:
+        y = b.call(intrinsic(b.module, f"llvm.lrint.v{lanes}i32.v{lanes}f32", ity, [f.type]), [f])
+    else:
+        y = b.fptosi(f, ity)
+    return b.trunc(b.add(y, ir.Constant(ity, [rq.zy] * lanes)), ir.VectorType(I8, lanes))
 
 
 def reference(rq: Requant, acc: np.ndarray, scale: np.ndarray, dtype: str) -> np.ndarray:
