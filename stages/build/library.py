@@ -234,7 +234,7 @@ def _lower(graph: Graph, module: ir.Module, choices: dict[str, Choice], target: 
         else:
             ctx = OpCtx.open(module, graph, node, symbol, threads)
             try:
-                (generic_anchor if node.task is not None else generator(ctx))(ctx)
+                (generic_anchor if node.task is not None and node.task.op in GENERIC_OPS else generator(ctx))(ctx)
             except (UnsupportedOp, ValueError) as exc:
                 raise BuildError(str(exc)) from exc
             ctx.close()
@@ -261,16 +261,18 @@ def _anchor(graph: Graph, node: Node, choice: Choice, target: Target, threads: i
     if len(specs) != len(inputs):
         raise BuildError(f"node {node.name!r}: task {task.description} takes {len(specs)} inputs, "
                          f"the node has {len(inputs)}")
-    arrays = []
     for name, spec in zip(inputs, specs, strict=True):
         value = graph.constants.get(name)
         size = value.size if value is not None else math.prod(graph.values[name].shape)
         if size != spec.size:
             raise BuildError(f"node {node.name!r}: input {name!r} has {size} elements, the task expects {spec.shape}")
-        # Run-time inputs are filled with NaN: an argument that still holds NaN after packing is a copy of one.
-        arrays.append(np.ascontiguousarray(value, dtype=np.float32).reshape(spec.shape) if value is not None
-                      else np.full(spec.shape, np.nan, dtype=np.float32))
+    arrays = _operands(graph, inputs, specs, 0)
     args = tpl.kernel_args(task, knobs, arrays, **layout)
+    # An argument packed from run-time data cannot be baked into the weights. Float placeholders are NaN, which
+    # survives packing; integer ones cannot be told apart by value, so the operands are packed a second time
+    # from other placeholders and any argument that changes depends on them.
+    integer = any(s.dtype != "float32" and n not in graph.constants for n, s in zip(inputs, specs, strict=True))
+    again = tpl.kernel_args(task, knobs, _operands(graph, inputs, specs, 1), **layout) if integer else None
     slots: list[str] = []
     packed: dict[str, np.ndarray] = {}
     for k, arg in enumerate(args[:-1]):
@@ -278,11 +280,12 @@ def _anchor(graph: Graph, node: Node, choice: Choice, target: Target, threads: i
                 if n not in graph.constants and arg.ctypes.data == a.ctypes.data and arg.nbytes == a.nbytes]
         if same:
             slots.append(same[0])
-        elif np.isnan(arg).any():
+        elif (arg.dtype.kind == "f" and np.isnan(arg).any()) or (again is not None and
+                                                                 not np.array_equal(arg, again[k])):
             raise _RunTimeOperand(f"template {tpl.NAME} packs an operand at build time that this graph computes "
                                   "at run time")
         else:
-            packed[f"{node.name}/arg{k}"] = np.ascontiguousarray(arg, dtype=np.float32)
+            packed[f"{node.name}/arg{k}"] = np.ascontiguousarray(arg)
             slots.append(f"{node.name}/arg{k}")
     if args[-1].size != math.prod(graph.values[node.outputs[0]].shape):
         raise BuildError(f"node {node.name!r}: kernel output has {args[-1].size} elements, "
@@ -301,6 +304,19 @@ def _anchor(graph: Graph, node: Node, choice: Choice, target: Target, threads: i
         return slots, packed, compile_ir(renamed, target).data, symbol
     except ValueError as exc:
         raise BuildError(f"node {node.name!r}: {exc}") from exc
+
+
+def _operands(graph: Graph, inputs: list[str], specs, fill: int) -> list[np.ndarray]:
+    """The anchor's operands in the task's dtypes: constants as they are, run-time ones as placeholders
+    (NaN for floats; `fill` for integers)."""
+    out = []
+    for name, spec in zip(inputs, specs, strict=True):
+        value = graph.constants.get(name)
+        if value is not None:
+            out.append(np.ascontiguousarray(value, dtype=spec.dtype).reshape(spec.shape))
+        else:
+            out.append(np.full(spec.shape, np.nan if spec.dtype == "float32" else fill, dtype=spec.dtype))
+    return out
 
 
 class _RunTimeOperand(Exception):
