@@ -325,3 +325,24 @@ def test_task_fields_describe_the_canonical_anchor():
     assert fields["epilogue"] == [{"kind": "relu", "attrs": {}}]
     if "qconv2d" in get_args(OpKind):
         assert TuningTask(**fields).flops == 2 * 6 * 5 * 7 * 4 * 3 * 3
+
+
+@pytest.mark.parametrize("pool", [dict(kernel_shape=[2, 2], strides=[2, 2]),
+                                  dict(kernel_shape=[3, 3], strides=[1, 1], pads=[1, 1, 1, 1]),
+                                  dict(kernel_shape=[3, 3], strides=[2, 2], pads=[1, 0, 1, 0], count_include_pad=1),
+                                  dict(kernel_shape=[3, 2], strides=[2, 2], ceil_mode=1)])
+def test_average_pool_between_dq_and_q_becomes_qavgpool_rounding_as_onnxruntime(tmp_path, pool):
+    inits = {"sx": np.float32(0.0371), "zx": np.array(119, np.uint8), "sy": np.float32(0.0233),
+             "zy": np.array(101, np.uint8)}
+    nodes = [helper.make_node("DequantizeLinear", ["x", "sx", "zx"], ["xf"]),
+             helper.make_node("AveragePool", ["xf"], ["p"], **pool),
+             helper.make_node("QuantizeLinear", ["p", "sy", "zy"], ["y"])]
+    model = _model(nodes, [("x", "uint8", (1, 16, 13, 11))], [("y", "uint8")], inits)
+    graph = optimize(load_model(model))
+    assert [n.op for n in graph.nodes] == ["qavgpool"]
+    feeds = {"x": np.random.default_rng(13).integers(0, 256, (1, 16, 13, 11)).astype(np.uint8)}
+    results = _everyone(model, feeds, tmp_path)
+    want = results.pop("onnxruntime")["y"].astype(int)
+    for who, got in results.items():
+        assert got["y"].shape == want.shape, who
+        assert np.abs(got["y"].astype(int) - want).max() <= (1 if who == "onnx.reference" else 0), who

@@ -6,6 +6,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from stages.graph.reference import pool_out
+from stages.graph.reference_quant import pool_shape
 
 Shape = tuple[int, ...]
 INT8_TYPES = ("uint8", "int8")
@@ -42,6 +43,7 @@ SHAPES: dict[str, Callable[[list[Shape], dict], list[Shape]]] = {
     "qconv2d": _conv_shape,
     "qdense": _qdense_shape,
     "qadd": lambda s, a: [s[0]],
+    "qavgpool": lambda s, a: [(*s[0][:-2], *pool_shape(*s[0][-2:], a))],
 }
 
 DTYPES: dict[str, Callable[[list[str], dict], list[str]]] = {
@@ -53,4 +55,5 @@ DTYPES: dict[str, Callable[[list[str], dict], list[str]]] = {
     "qconv2d": lambda ins, a: [a["y_dtype"]],
     "qdense": lambda ins, a: [a["y_dtype"]],
     "qadd": lambda ins, a: [a["y_dtype"]],
+    "qavgpool": lambda ins, a: [a["y_dtype"]],
 }

@@ -8,7 +8,8 @@
    clamps in the quantized domain (exact: quantizing is monotone). x and y are per-tensor.
 2. Int8 memory-bound ops: DequantizeLinear -> MaxPool / Reshape / Flatten / Concat -> QuantizeLinear whose
    scales and zero points all agree reads and writes the integers directly (exact: max and copies commute
-   with a monotone affine map); DQ(a) + DQ(b) -> Q is one `qadd` (onnxruntime's QLinearAdd arithmetic).
+   with a monotone affine map); DQ(a) + DQ(b) -> Q is one `qadd` and DQ -> AveragePool -> Q one `qavgpool`
+   (onnxruntime's QLinearAdd and QLinearAveragePool arithmetic).
 3. Every DequantizeLinear of constants left becomes a float constant; every other Q/DQ runs as a
    memory-bound kernel, and whatever lies between them (a residual Add, pooling, activations) in float.
 
@@ -34,6 +35,8 @@ def quantize_graph(g: Graph) -> None:
         _anchor(g, node)
     for node in [n for n in g.nodes if n.op == "Add"]:
         _add(g, node)
+    for node in [n for n in g.nodes if n.op == "AveragePool"]:
+        _average_pool(g, node)
     for node in [n for n in g.nodes if n.op in INT8_MEMORY_OPS]:
         _memory_op(g, node)
     _fold_constant_dequantize(g)
@@ -236,6 +239,22 @@ def _add(g: Graph, node: Node) -> None:
     offset = f(zy[0]) - (ra * f(za[0]) + rb * f(zb[0]))
     attrs = {"a_ratio": float(ra), "b_ratio": float(rb), "offset": float(offset), "y_dtype": y_dtype}
     new = Node(node.name, "qadd", [a, b], list(q.outputs), attrs)
+    g.nodes = [new if n is node else n for n in g.nodes if n is not q]
+
+
+def _average_pool(g: Graph, node: Node) -> None:
+    """DQ -> AveragePool -> Q: `qavgpool`, the window sum of dequantized values in float32 (rows, then columns),
+    divided by its count, then y = saturate(round(avg / sy + zy)): onnxruntime's QLinearAveragePool."""
+    prod, users = g.producer(), g.consumers()
+    dq = _run_time_dq(g, node.inputs[0], prod)
+    q = g.sole_consumer(node.outputs[0], users)
+    if dq is None or q is None or q.op != "QuantizeLinear" or q.attrs.get("axis") is not None \
+            or list(node.attrs.get("dilations", (1, 1))) != [1, 1]:
+        return
+    (sx, zx, _), (sy, zy, _) = _qparams(g, dq), _qparams(g, q)
+    attrs = {**node.attrs, "x_scale": float(sx[0]), "x_zero_point": int(zx[0]), "y_scale": float(sy[0]),
+             "y_zero_point": int(zy[0]), "y_dtype": g.constants[q.inputs[2]].dtype.name}
+    new = Node(node.name, "qavgpool", [dq.inputs[0]], list(q.outputs), attrs)
     g.nodes = [new if n is node else n for n in g.nodes if n is not q]
 
 

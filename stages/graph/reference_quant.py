@@ -134,7 +134,43 @@ def _qadd(args: list[np.ndarray], a: dict) -> list[np.ndarray]:
     return [np.clip(np.rint(total), lo, hi).astype(a["y_dtype"])]
 
 
+def _qavgpool(args: list[np.ndarray], a: dict) -> list[np.ndarray]:
+    """Average of dequantized values over each window (float32 sum in row-major tap order, padding left out; the
+    count excludes padding unless `count_include_pad`, and never counts the end padding), requantized as
+    saturate(round(avg / sy + zy))."""
+    x, f = args[0], np.float32
+    kh, kw = a["kernel_shape"]
+    (sh, sw), (pt, pl) = a["strides"], a["pads"][:2]
+    h, w = x.shape[-2:]
+    oh, ow = pool_shape(h, w, a)
+    xf = (f(a["x_scale"]) * (x.astype(np.int32) - int(a["x_zero_point"])).astype(f)).astype(f)
+    eh, ew = max(0, (oh - 1) * sh + kh - (h + pt)), max(0, (ow - 1) * sw + kw - (w + pl))
+    xp = np.pad(xf, ((0, 0),) * (x.ndim - 2) + ((pt, eh), (pl, ew)))
+    acc = np.zeros(x.shape[:-2] + (oh, ow), f)
+    for i in range(kh):
+        for j in range(kw):
+            acc = acc + xp[..., i: i + sh * (oh - 1) + 1: sh, j: j + sw * (ow - 1) + 1: sw]
+    rows = np.arange(oh) * sh - pt
+    cols = np.arange(ow) * sw - pl
+    if a.get("count_include_pad", 0):
+        count = np.full((oh, ow), kh * kw)
+    else:
+        count = np.outer(np.minimum(rows + kh, h) - np.maximum(rows, 0), np.minimum(cols + kw, w) - np.maximum(cols, 0))
+    y = np.rint((acc / count.astype(f)).astype(f) / f(a["y_scale"]) + f(a["y_zero_point"]))
+    lo, hi = limits(a["y_dtype"])
+    return [np.clip(y, lo, hi).astype(a["y_dtype"])]
+
+
+def pool_shape(h: int, w: int, a: dict) -> tuple[int, int]:
+    from stages.graph.reference import pool_out  # reference.py imports this module's ops
+
+    (kh, kw), (sh, sw), (pt, pl, pb, pr) = a["kernel_shape"], a["strides"], a["pads"]
+    ceil = a.get("ceil_mode", 0)
+    return pool_out(h, kh, sh, pt, pb, 1, ceil), pool_out(w, kw, sw, pl, pr, 1, ceil)
+
+
 QUANT_OPS: dict[str, OpFn] = {
+    "qavgpool": _qavgpool,
     "qadd": _qadd,
     "QuantizeLinear": lambda args, a: [quantize(args[0], args[1], args[2], a["axis"], a["dtype"])],
     "DequantizeLinear": lambda args, a: [dequantize(args[0], args[1], args[2], a["axis"])],

@@ -1,6 +1,6 @@
 """Run-time kernels of the quantized ops: Quantize/DequantizeLinear, DynamicQuantizeLinear, ConvInteger,
-MatMulInteger, an int8 MaxPool and Add (`qadd`), and the canonical int8 anchors `qconv2d` / `qdense` (arithmetic in
-stages/graph/reference_quant.py).
+MatMulInteger, an int8 MaxPool, Add (`qadd`) and AveragePool (`qavgpool`), and the canonical int8 anchors
+`qconv2d` / `qdense` (arithmetic in stages/graph/reference_quant.py).
 
 Integer products accumulate exactly in int32; a float is rounded half to even (`llvm.roundeven`, what
 `cvtps2dq` does under the default MXCSR) and saturated in float before the conversion, so NaN becomes 0 and
@@ -315,11 +315,52 @@ def qadd(ctx: OpCtx) -> None:
              fn)
 
 
+def qavgpool(ctx: OpCtx) -> None:
+    """onnxruntime's QLinearAveragePool: the window's dequantized values summed in float32 in tap order (padding
+    left out), divided by the count (of real elements unless `count_include_pad`), then y = round(avg / sy + zy)."""
+    *lead, h, wd = ctx.in_shape()
+    oh, ow = ctx.out_shape()[-2:]
+    kh, kw = ctx.attr("kernel_shape")
+    (sh, sw), (pt, pl) = ctx.attr("strides"), ctx.attr("pads")[:2]
+    dtype, out_dtype = ctx.in_dtype(), ctx.attr("y_dtype")
+    sx, zx = f32(float(ctx.attr("x_scale"))), ir.Constant(I32, int(ctx.attr("x_zero_point")))
+    sy, zy = f32(float(ctx.attr("y_scale"))), f32(float(ctx.attr("y_zero_point")))
+    b, x, y = ctx.b, ctx.inp(), ctx.out()
+    acc = ctx.local()
+
+    def extent(o: ir.Value, stride: int, pad: int, k: int, size: int) -> ir.Value:
+        start = b.sub(mul(b, o, i64(stride)), i64(pad))
+        end = b.add(start, i64(k))
+        end = b.select(b.icmp_signed("<", end, i64(size)), end, i64(size))
+        return b.sub(end, b.select(b.icmp_signed(">", start, i64(0)), start, i64(0)))
+
+    with for_range(b, i64(0), i64(math.prod(lead)), name="p") as plane:
+        with for_range(b, i64(0), i64(oh), name="oy") as oy, for_range(b, i64(0), i64(ow), name="ox") as ox:
+            b.store(f32(0), acc)
+            for ky in range(kh):
+                iy = add(b, mul(b, oy, i64(sh)), i64(ky - pt))
+                for kx in range(kw):
+                    ix = add(b, mul(b, ox, i64(sw)), i64(kx - pl))
+                    inside = b.and_(b.and_(b.icmp_signed(">=", iy, i64(0)), b.icmp_signed("<", iy, i64(h))),
+                                    b.and_(b.icmp_signed(">=", ix, i64(0)), b.icmp_signed("<", ix, i64(wd))))
+                    with b.if_then(inside):
+                        at = add(b, mul(b, plane, i64(h * wd)), add(b, mul(b, iy, i64(wd)), ix))
+                        v = b.sub(widen(b, b.load(gep(b, x, at), align=1), dtype), zx)
+                        b.store(b.fadd(b.load(acc), b.fmul(sx, b.sitofp(v, F32))), acc)
+            if ctx.attr("count_include_pad", 0):
+                count = f32(kh * kw)
+            else:
+                count = b.sitofp(b.mul(extent(oy, sh, pt, kh, h), extent(ox, sw, pl, kw, wd)), F32)
+            avg = b.fdiv(b.load(acc), count)
+            q = saturate(b, roundeven(b, b.fadd(b.fdiv(avg, sy), zy)), out_dtype)
+            b.store(q, gep(b, y, add(b, mul(b, plane, i64(oh * ow)), add(b, mul(b, oy, i64(ow)), ox))), align=1)
+
+
 # Kernels of the quantized ops, whatever their operand types.
 OPS: dict[str, Callable[[OpCtx], None]] = {
     "QuantizeLinear": quantize_linear, "DequantizeLinear": dequantize_linear,
     "DynamicQuantizeLinear": dynamic_quantize_linear, "ConvInteger": conv_integer, "MatMulInteger": matmul_integer,
-    "qconv2d": qconv2d, "qdense": qdense, "qadd": qadd,
+    "qconv2d": qconv2d, "qdense": qdense, "qadd": qadd, "qavgpool": qavgpool,
 }
 # uint8 / int8 versions of float memory-bound ops (the quant pass leaves them on the integers).
 INT8_OPS: dict[str, Callable[[OpCtx], None]] = {"MaxPool": max_pool_int8}
