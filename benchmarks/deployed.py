@@ -101,7 +101,7 @@ def main(argv: list[str] | None = None) -> None:
             lib, log, tasks, tune_s = tune(name, args.trials_per_task, args.logs, Path(tmp))
             verdicts, window, means = profile(lib, log, args.runs, args.alone)
             rows.append(row(name, tasks, tune_s, verdicts, window, means))
-            print(f"{name}: median library/record {rows[-1][4]}, {rows[-1][5]} off", file=sys.stderr, flush=True)
+            print(markdown_table(["model"], [rows[-1]])[-1], file=sys.stderr, flush=True)  # each row as it is done
     header = ["model", "tasks", "tune s", "tuned anchors", "library / record (median)", "off by > 5%",
               "worst anchor", "library / alone per call (median)", "alone the tuner's way / record (median)",
               "library round means / record (median)",
