@@ -1,4 +1,8 @@
-"""Real CNN exports (data/zoo/, seeded random weights): default build, tuned build, onnxruntime, same run.
+"""Real exports (data/zoo/, seeded random weights): default build, tuned build, onnxruntime, same run.
+
+Two families, each its own section of RESULTS.md: the torchvision CNNs (`zoo`) and the transformers
+(`zoo_transformers`: Hugging Face BERT and GPT-2, 2 layers, as torch's dynamo exporter writes them, fed token
+ids over the whole vocabulary and an attention mask whose last quarter is padding; torchvision's ViT-B/16).
 
 Per zoo model and thread count: tune the model end to end with `tunaflow tune --no-prefect` (a child
 process, so the tuner's threads never share the cores with the timings) under a global budget of
@@ -8,6 +12,7 @@ reference), then time the three interleaved (rounds x 10 calls; ratios are media
 ratios). Writes the `zoo` section of benchmarks/RESULTS.md.
 
     flock /tmp/bench.lock .venv/bin/python benchmarks/zoo.py [--models resnet50,mobilenet_v2] [--threads 1,2]
+    flock /tmp/bench.lock .venv/bin/python benchmarks/zoo.py --models transformers --trials-per-task 8
 """
 
 from __future__ import annotations
@@ -43,6 +48,8 @@ from stages.tune.loop import tunable  # noqa: E402
 
 ZOO = ROOT / "data" / "zoo"
 MODELS = ("resnet50", "mobilenet_v2", "efficientnet_b0", "densenet121", "inception_v3")
+TRANSFORMERS = ("bert_2l", "gpt2_2l", "vit_b_16")
+FAMILIES = {"cnns": MODELS, "transformers": TRANSFORMERS}  # --models takes these names for their lists
 ROUNDS = 15
 NUMBER = 10
 
@@ -97,10 +104,27 @@ def bench_model(name: str, threads: int, per_task: int, logs: Path, target: Targ
             **latencies(raw), "default_ort": paired_ratio(raw, "default", "onnxruntime")}
 
 
-def report(rows: list[dict], command: str) -> str:
+GRAPHS = {"cnns": "torchvision exports (`data/zoo/`, `torch.onnx.export` defaults)",
+          "transformers": "Hugging Face `BertModel` (seq 128) and `GPT2Model` (seq 64), 2 layers each, from "
+                          "`torch.onnx.export(dynamo=True)`, fed token ids over the whole vocabulary and an "
+                          "attention mask whose last quarter is padding, and torchvision's `vit_b_16` (`data/zoo/`)"}
+GOALS = {"cnns": "Goals (issue 20): tuned/onnxruntime <= 0.80 as a geometric mean at each thread count, no model "
+                 "above 0.95; default build <= 1.10 on each.",
+         "transformers": "Goals (issue 23): tuned/onnxruntime <= 0.85 on each of BERT, GPT-2 and ViT-B/16 at both "
+                         "thread counts."}
+SECTIONS = {"cnns": ("zoo", "Real CNN exports: default build, tuned build, onnxruntime (`benchmarks/zoo.py`)"),
+            "transformers": ("zoo_transformers", "Transformer exports: default build, tuned build, onnxruntime "
+                                                 "(`benchmarks/zoo.py`)")}
+
+
+def family(name: str) -> str:
+    return "transformers" if name in TRANSFORMERS else "cnns"
+
+
+def report(rows: list[dict], command: str, kind: str = "cnns") -> str:
     lines = [f"Command: `{command}`", "",
              f"Machine: {platform.machine()}, CPU `{Target.host().cpu}`, {Target.host().cores} cores. Graphs: "
-             "torchvision exports (`data/zoo/`, `torch.onnx.export` defaults) with seeded random weights "
+             f"{GRAPHS[kind]} with seeded random weights "
              "(`stages.extract.weights.fill_weights`), batch 1. Tuning: `tunaflow tune --no-prefect` (gradient "
              "scheduler, lgbm tuner, top-3 re-measurement) under a budget of trials per tunable task x tasks; `tune "
              "s` is its wall time in this run, import, tuning and the verified build included; `log records` counts "
@@ -126,8 +150,7 @@ def report(rows: list[dict], command: str) -> str:
         gd = math.exp(sum(math.log(r["default_ort"]) for r in sub) / len(sub))
         lines.append(f"- {threads} thread(s): geometric mean tuned/onnxruntime {gm:.2f}x, default/onnxruntime "
                      f"{gd:.2f}x over {len(sub)} models; worst tuned {max(r['tuned_ort'] for r in sub):.2f}x.")
-    lines += ["", "Goals (issue 20): tuned/onnxruntime <= 0.80 as a geometric mean at each thread count, no model "
-              "above 0.95; default build <= 1.10 on each."]
+    lines += ["", GOALS[kind]]
     return "\n".join(lines)
 
 
@@ -149,8 +172,13 @@ def main() -> None:
     args = ap.parse_args()
     target = Target.host()
     rows = []
+    names = [m for n in args.models.split(",") for m in FAMILIES.get(n, (n,))]
+    unknown = [n for n in names if not (ZOO / f"{n}.onnx").exists()]
+    if unknown:
+        ap.error(f"no zoo graph for {', '.join(unknown)} (data/zoo/ has "
+                 f"{', '.join(sorted(p.stem for p in ZOO.glob('*.onnx')))}; or name a family: {', '.join(FAMILIES)})")
     with tempfile.TemporaryDirectory(prefix="tf-bench-zoo-") as tmp:
-        for name in args.models.split(","):
+        for name in names:
             for threads in (int(t) for t in args.threads.split(",")):
                 tuned = (args.tune is None or name in args.tune.split(",")) and \
                     (args.tune_threads is None or str(threads) in args.tune_threads.split(","))
@@ -158,10 +186,14 @@ def main() -> None:
                 print(row, flush=True)
                 rows.append(row)
     command = "flock /tmp/bench.lock .venv/bin/python benchmarks/zoo.py " + " ".join(sys.argv[1:])
-    text = report(rows, command.strip())
-    print(text)
-    if not args.no_write:
-        replace_section("zoo", "Real CNN exports: default build, tuned build, onnxruntime (`benchmarks/zoo.py`)", text)
+    for kind in FAMILIES:
+        sub = [r for r in rows if family(r["model"]) == kind]
+        if not sub:
+            continue
+        text = report(sub, command.strip(), kind)
+        print(text)
+        if not args.no_write:
+            replace_section(*SECTIONS[kind], text)
 
 
 if __name__ == "__main__":

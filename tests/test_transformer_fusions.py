@@ -168,3 +168,45 @@ def test_gelu_and_the_residual_add_behind_a_reshape_fuse_into_the_dense(tmp_path
     assert not {"Gelu", "Tanh", "Add"} & {n.op for n in opt.nodes}
     built = load(tmp_path / "lib")
     assert [i.op for i in built.manifest.ops if i.kind != "alias"] == ["dense", "dense"]
+
+
+@pytest.mark.parametrize("sum_read", [False, True])
+def test_the_embedding_sum_and_its_layernorm_are_one_kernel(tmp_path, sum_read):
+    """word + position (a constant) + type embeddings, then LayerNormalization (BERT); with `sum_read` the sum
+    is also read elsewhere (GPT-2's residual stream), so the fused node writes it too."""
+    w = 40
+    nodes = [helper.make_node("Add", ["x", "pos"], ["xp"]), helper.make_node("Add", ["xp", "r"], ["s"]),
+             helper.make_node("LayerNormalization", ["s", "gamma", "beta"], ["y"], axis=-1, epsilon=1e-5)]
+    if sum_read:
+        nodes.append(helper.make_node("Mul", ["s", "r"], ["z"]))
+    inits = [_c("pos", RNG.standard_normal((S, w))), _c("gamma", RNG.uniform(0.5, 1.5, w)),
+             _c("beta", RNG.standard_normal(w))]
+    path = _save(tmp_path, nodes, inits, {"x": (1, S, w), "r": (1, S, w)}, ("y", "z") if sum_read else ("y",))
+    opt, _ = _check(tmp_path, path)
+    fused = [n for n in opt.nodes if n.op == "AddLayerNormalization"]
+    assert len(fused) == 1 and fused[0].inputs[:3] == ["x", "pos", "r"]
+    assert not {"Add", "LayerNormalization"} & {n.op for n in opt.nodes}
+    assert fused[0].outputs == (["y", "s"] if sum_read else ["y"])
+    if sum_read:
+        feeds = _feeds(path)
+        got = load(tmp_path / "lib").run(**feeds)["z"]
+        want = (feeds["x"] + inits_value(inits, "pos") + feeds["r"]) * feeds["r"]
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+
+
+def inits_value(inits, name: str) -> np.ndarray:
+    return next(numpy_helper.to_array(t) for t in inits if t.name == name)
+
+
+def test_a_residual_add_behind_a_reshape_and_a_unit_transpose_fuses_into_the_dense(tmp_path):
+    """ViT's attention output: Gemm [S, K] rows, Reshape to [S, 1, K], Transpose to [1, S, K], residual Add."""
+    k = 32
+    nodes = [helper.make_node("Reshape", ["x", "rows"], ["x2"]), helper.make_node("Gemm", ["x2", "w"], ["o"]),
+             helper.make_node("Reshape", ["o", "s1k"], ["o3"]),
+             helper.make_node("Transpose", ["o3"], ["ot"], perm=[1, 0, 2]), helper.make_node("Add", ["ot", "x"], ["y"])]
+    inits = [numpy_helper.from_array(np.array([S, k], np.int64), "rows"),
+             numpy_helper.from_array(np.array([S, 1, k], np.int64), "s1k"), _c("w", RNG.uniform(-0.3, 0.3, (k, k)))]
+    opt, _ = _check(tmp_path, _save(tmp_path, nodes, inits, {"x": (1, S, k)}))
+    assert [(n.op, [e.kind for e in n.task.epilogue]) for n in opt.nodes if n.task is not None] == [
+        ("dense", ["residual_add"])]
+    assert "Add" not in {n.op for n in opt.nodes}

@@ -154,3 +154,20 @@ def test_the_transformer_zoo_files_are_weightless(name):
     with pytest.raises(ModelError, match=r"initializer '.+' has no data: .*fill_weights"):
         load_model(zoo, _bindings(name))
     assert (ZOO / f"{name}.onnx").stat().st_size < 300_000
+
+
+# per model: the fused kernels its built library must call (2 layers: 2 attention blocks, 1 embedding sum),
+# and the dense epilogues its MLP and residual adds fuse into
+FUSED = {"bert_2l": ("gelu", "residual_add"), "bert_2l_classic": ("gelu", "residual_add"),
+         "gpt2_2l": ("gelu_tanh", "residual_add"), "gpt2_2l_classic": ("gelu_tanh", "residual_add")}
+
+
+@pytest.mark.parametrize("name", MODELS)
+def test_the_built_transformer_runs_the_fused_kernels(libraries, name):
+    model = _library(libraries, name)
+    ops = [i.op for i in model.manifest.ops]
+    assert ops.count("AttentionSoftmax") == 2 and ops.count("AddLayerNormalization") == 1, ops
+    assert not {"Softmax", "IsNaN", "Gelu", "Add"} & set(ops), ops
+    graph = optimize(load_model(_filled(name), _bindings(name)))
+    kinds = {e.kind for n in graph.nodes if n.task is not None for e in n.task.epilogue}
+    assert set(FUSED[name]) <= kinds, kinds

@@ -15,7 +15,9 @@
    after Q K^T become one AttentionSoftmax row kernel.
 5. `fuse` (passes_fuse.py): every Conv / Gemm / MatMul becomes an anchor node with a TuningTask
    and absorbs the element-wise chain after it into the task's epilogue.
-6. `eliminate_dead`: nodes nobody reads, and constants nobody reads, are dropped.
+6. `fuse_add_layernorm` (passes_norm.py): a LayerNormalization of a chain of Adds no anchor absorbed (the
+   embedding sums) becomes one AddLayerNormalization row kernel.
+7. `eliminate_dead`: nodes nobody reads, and constants nobody reads, are dropped.
 
 Layout: activations stay NCHW between nodes; the conv2d template re-lays its weights (and blocks
 its input internally) itself, so no layout-transform nodes are needed between convolutions.
@@ -30,7 +32,7 @@ import numpy as np
 from stages.graph.ir import Graph, Node, Value
 from stages.graph.passes_act import rewrite_activations
 from stages.graph.passes_fuse import fuse
-from stages.graph.passes_norm import rewrite_layernorm
+from stages.graph.passes_norm import fuse_add_layernorm, rewrite_layernorm
 from stages.graph.passes_quant import quantize_graph
 from stages.graph.passes_transformer import fuse_attention_softmax
 
@@ -40,7 +42,7 @@ def optimize(graph: Graph) -> Graph:
     passes add new constants, they never write into existing ones)."""
     g = copy.deepcopy(graph, memo={id(a): a for a in graph.constants.values()})
     for p in (quantize_graph, fold_batchnorm, rewrite_activations, rewrite_layernorm, fuse_attention_softmax, fuse,
-              eliminate_dead):
+              fuse_add_layernorm, eliminate_dead):
         p(g)
     return g
 

@@ -7,8 +7,9 @@ Swish, HardSigmoid, HardSwish (passes_act.py has made one node of each written-o
 two-input Sum or Sub of a per-channel (or scalar) constant (bias); a Mul or Div by one
 (scale_shift); an Add or Sum with a tensor of the output's shape (residual_add, run-time or
 constant). The fused node takes the place of the last node it absorbed, so every tensor it
-reads is computed before it. A Reshape that keeps the channel axis last (GPT-2's dense output [S, N] viewed
-as [1, S, N] before its Gelu and residual Add) is absorbed with the element-wise op after it.
+reads is computed before it. Reshapes (and Transposes of unit dims) that keep the channel axis last
+(GPT-2's dense output [S, N] viewed as [1, S, N] before its Gelu and residual Add; ViT's [S, 1, N] then
+[1, S, N]) are absorbed with the element-wise op after them.
 
 Weights are re-laid once here, so equal layers get equal tasks whatever their ONNX form: a
 constant 2-D weight makes a `dense` with W as (N, K) (Y = X @ W^T, attributes exactly those of
@@ -172,14 +173,17 @@ def _absorb(g: Graph, a: _Anchor, users: dict[str, list[Node]], taken: set[int])
         c = g.sole_consumer(a.out, users)
         if c is None or id(c) in taken:
             return
-        if _keeps_channels(g, a, c):  # [S, N] -> [1, S, N] between a dense and its Gelu or residual Add (GPT-2)
-            after = g.sole_consumer(c.outputs[0], users)
-            out, a.out = a.out, c.outputs[0]
-            if after is None or id(after) in taken or not _step(g, a, after):
+        views, out = [], a.out
+        while c is not None and id(c) not in taken and _keeps_channels(g, a, c):
+            views.append(c)  # [S, N] -> [1, S, N] between a dense and its Gelu or residual Add (GPT-2, ViT)
+            a.out = c.outputs[0]
+            c = g.sole_consumer(a.out, users)
+        if views:
+            if c is None or id(c) in taken or not _step(g, a, c):
                 a.out = out
                 return
-            a.absorbed += [c, after]
-            a.out = after.outputs[0]
+            a.absorbed += [*views, c]
+            a.out = c.outputs[0]
             continue
         if not _step(g, a, c):
             return
@@ -188,11 +192,15 @@ def _absorb(g: Graph, a: _Anchor, users: dict[str, list[Node]], taken: set[int])
 
 
 def _keeps_channels(g: Graph, a: _Anchor, c: Node) -> bool:
-    """Whether `c` is a Reshape that keeps the anchor's channel axis last: the fused node can write the reshaped
-    tensor directly (a tensor may be a contiguous reshape of its task's spec)."""
-    if c.op != "Reshape" or a.channel_axis != -1:
+    """Whether `c` is a Reshape (or a Transpose of unit dims) that keeps the anchor's channel axis last: the fused
+    node can write the reshaped tensor directly (a tensor may be a contiguous reshape of its task's spec)."""
+    if c.op not in ("Reshape", "Transpose") or a.channel_axis != -1:
         return False
     before, after = g.values[a.out].shape, g.values[c.outputs[0]].shape
+    if c.op == "Transpose":  # moving only unit dims (ViT's [197, 1, 768] -> [1, 197, 768]) is a reshape
+        moved = [d for d in c.attrs["perm"] if before[d] != 1]
+        if moved != sorted(moved):
+            return False
     return bool(before) and bool(after) and before[-1] == after[-1]
 
 

@@ -3,7 +3,8 @@
     mean = ReduceMean(x, trailing axes); d = x - mean; var = ReduceMean(d ** 2 or d * d)
     y = d / Sqrt(var + eps) [* gamma] [+ beta]
 
-becomes one LayerNormalization node (one pass over the row instead of nine kernels).
+becomes one LayerNormalization node (one pass over the row instead of nine kernels). After the fusion pass, a
+LayerNormalization of a chain of Adds becomes one AddLayerNormalization (`fuse_add_layernorm`).
 """
 
 from __future__ import annotations
@@ -96,3 +97,57 @@ def _trailing(c: np.ndarray | None, shape: tuple[int, ...], axis: int) -> bool:
         return np.broadcast_shapes(c.shape, shape[axis:]) == shape[axis:]
     except ValueError:
         return False
+
+
+def fuse_add_layernorm(g: Graph) -> None:
+    """LayerNormalization(a + b [+ c ...]) → AddLayerNormalization(a, b, ..., scale[, bias]), which sums each
+    row and normalises it in one kernel (stages/memops/reduce.py); the sum is its second output when anything
+    else reads it (GPT-2's residual stream). Run after `fuse`: a residual Add a dense's epilogue absorbed is
+    gone by then, so this takes the sums no anchor precedes (the embeddings' word + position [+ type])."""
+    for ln in [n for n in g.nodes if n.op == "LayerNormalization"]:
+        users, prod = g.consumers(), g.producer()
+        top = ln.inputs[0]
+        add = prod.get(top)
+        if len(ln.outputs) != 1 or add is None or not _is_add(g, add, g.values[top].shape):
+            continue
+        terms, chain = _sum_terms(g, add, g.values[top].shape, users, prod)
+        if terms is None:
+            continue
+        keep = any(n is not ln for n in users[top]) or any(v.name == top for v in g.outputs)
+        fused = Node(f"{ln.name}/add", "AddLayerNormalization", [*terms, *ln.inputs[1:]],
+                     [ln.outputs[0], *([top] if keep else [])], {**ln.attrs, "terms": len(terms), "with_sum": keep})
+        gone = {id(n) for n in (*chain, ln)}
+        g.nodes = [fused if n is add else n for n in g.nodes if id(n) not in gone or n is add]
+
+
+def _is_add(g: Graph, node: Node, shape: tuple[int, ...]) -> bool:
+    return node.op in ("Add", "Sum") and len(node.inputs) == 2 and g.values[node.outputs[0]].shape == shape \
+        and g.values[node.outputs[0]].dtype == "float32"
+
+
+def _sum_terms(g: Graph, add: Node, shape: tuple[int, ...], users, prod) -> tuple[list[str] | None, list[Node]]:
+    """The summands of the chain of Adds ending in `add`, left to right, and the Adds; (None, []) when a summand
+    is neither a run-time tensor of `shape` nor a constant that broadcasts to it."""
+    terms: list[str] = []
+    chain = [add]
+    for name in add.inputs:
+        src = prod.get(name)
+        if src is not None and _is_add(g, src, shape) and g.sole_consumer(name, users) is add:
+            inner, nodes = _sum_terms(g, src, shape, users, prod)
+            if inner is None:
+                return None, []
+            terms += inner
+            chain += nodes
+        elif name in g.constants:
+            try:
+                ok = np.broadcast_shapes(g.constants[name].shape, shape) == shape
+            except ValueError:
+                ok = False
+            if not ok or g.constants[name].dtype != np.float32:
+                return None, []
+            terms.append(name)
+        elif g.values[name].shape == shape:
+            terms.append(name)
+        else:
+            return None, []
+    return terms, chain

@@ -17,4 +17,19 @@ def attention_softmax(args: list[np.ndarray], a: dict) -> list[np.ndarray]:
     return [p.astype(args[0].dtype)]
 
 
-TRANSFORMER_OPS = {"AttentionSoftmax": attention_softmax}
+def add_layer_norm(args: list[np.ndarray], a: dict) -> list[np.ndarray]:
+    """LayerNormalization of the sum of the first `terms` inputs (left to right); with `with_sum`, the sum is the
+    second output."""
+    terms = int(a["terms"])
+    total = args[0]
+    for t in args[1:terms]:
+        total = total + t
+    scale, bias = args[terms], (args[terms + 1] if len(args) > terms + 1 else 0.0)
+    axes = tuple(range(a["axis"] % total.ndim, total.ndim))
+    mean = total.mean(axis=axes, keepdims=True)
+    var = ((total - mean) ** 2).mean(axis=axes, keepdims=True)
+    y = ((total - mean) / np.sqrt(var + a.get("epsilon", 1e-5)) * scale + bias).astype(np.float32)
+    return [y, total.astype(np.float32)] if a.get("with_sum") else [y]
+
+
+TRANSFORMER_OPS = {"AttentionSoftmax": attention_softmax, "AddLayerNormalization": add_layer_norm}

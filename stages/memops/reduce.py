@@ -1,4 +1,4 @@
-"""Ops that reduce: pooling, softmax, layer norm, ReduceMean and friends, LRN."""
+"""Ops that reduce: pooling, softmax, layer norm (of a sum too), ReduceMean and friends, LRN."""
 
 from __future__ import annotations
 
@@ -239,15 +239,50 @@ def instance_norm(ctx: OpCtx) -> None:
                     ctx.inp(2), [None, None])
 
 
+def add_layer_norm(ctx: OpCtx) -> None:
+    """LayerNormalization of the sum of the first `terms` inputs (run-time tensors of the output's shape, or
+    constants broadcast to it; stages/graph/passes_norm.py makes these nodes): each row is summed into the
+    second output (the sum, when something else reads it) or into Y, then normalised from there while it is
+    still in cache. The sum is taken left to right, as the chain of Adds was."""
+    terms = int(ctx.attr("terms"))
+    shape = ctx.out_shape()
+    axis = int(ctx.attr("axis", -1)) % len(shape)
+    outer, n = math.prod(shape[:axis]), math.prod(shape[axis:])
+    tail = shape[axis:]
+    scale, shift = _affine_param(ctx, terms, tail, "ln_scale"), _affine_param(ctx, terms + 1, tail, "ln_bias")
+    parts = []
+    for i in range(terms):
+        value = ctx.const(i)
+        if value is None and math.prod(ctx.in_shape(i)) != math.prod(shape):
+            raise ctx.unsupported(f"a run-time term (input {i}) must have the output's shape {list(shape)}")
+        parts.append(ctx.inp(i) if value is None else ctx.weight(f"term{i}", np.broadcast_to(value, shape)))
+    dst = ctx.out(1) if len(ctx.node.outputs) > 1 else ctx.out()
+    b = ctx.b
+
+    def row_sum(base: ir.Value) -> None:
+        with for_range(b, i64(0), i64(n), name="t") as k:
+            at = add(b, base, k)
+            v = _load(b, parts[0], at)
+            for p in parts[1:]:
+                v = b.fadd(v, _load(b, p, at))
+            _store(b, v, dst, at)
+    _normalize_rows(ctx, outer, n, lambda o, k: k, scale, shift, [None, None], x=dst, before=row_sum)
+
+
 def _normalize_rows(ctx: OpCtx, outer: int, n: int, param_at: Callable[[ir.Value, ir.Value], ir.Value],
-                    scale: ir.Value | None, shift: ir.Value | None, stats: list[ir.Value | None]) -> None:
+                    scale: ir.Value | None, shift: ir.Value | None, stats: list[ir.Value | None],
+                    x: ir.Value | None = None, before: Callable[[ir.Value], None] | None = None) -> None:
     """y = (x - mean) / sqrt(var + epsilon) * scale + shift over rows of `n`; `param_at(row, k)` indexes
-    scale and shift; `stats` receive each row's mean and 1/std where given."""
+    scale and shift; `stats` receive each row's mean and 1/std where given. `x` defaults to the node's input;
+    `before(row offset)` runs first in each row (to compute that row of `x`)."""
     eps = float(ctx.attr("epsilon", 1e-5))
-    b, x, y = ctx.b, ctx.inp(), ctx.out()
+    b, y = ctx.b, ctx.out()
+    x = ctx.inp() if x is None else x
     total, mean = ctx.local(), ctx.local()
     with for_range(b, i64(0), i64(outer), name="row") as o:
         base = mul(b, o, i64(n))
+        if before is not None:
+            before(base)
         b.store(f32(0), total)
         with for_range(b, i64(0), i64(n), name="k") as k:
             b.store(fadd_reassoc(b, b.load(total), _load(b, x, add(b, base, k))), total)
@@ -433,6 +468,7 @@ OPS: dict[str, Callable[[OpCtx], None]] = {
     "Softmax": _softmax(log=False),
     "LogSoftmax": _softmax(log=True),
     "LayerNormalization": layer_norm,
+    "AddLayerNormalization": add_layer_norm,
     "InstanceNormalization": instance_norm,
     "LRN": lrn,
 }
