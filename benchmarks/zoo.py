@@ -67,7 +67,8 @@ def matches(got: dict[str, np.ndarray], want: list[np.ndarray]) -> float:
                for g, w in zip(got.values(), want, strict=True))
 
 
-def bench_model(name: str, threads: int, per_task: int, logs: Path, target: Target, work: Path) -> dict:
+def bench_model(name: str, threads: int, per_task: int, logs: Path, target: Target, work: Path,
+                rounds: int = ROUNDS) -> dict:
     path = filled(name, work)
     graph = optimize(load_model(path))
     extracted = extract_tasks(graph)
@@ -98,9 +99,10 @@ def bench_model(name: str, threads: int, per_task: int, logs: Path, target: Targ
     errors["ort"] = matches(basic, want)
     contenders = {"default": lambda: default.run(**feeds), "tuned": lambda: tuned.run(**feeds),
                   "onnxruntime": lambda: ort(feeds)}
-    raw = compare(contenders, number=NUMBER, rounds=ROUNDS, idle_between=False)
+    raw = compare(contenders, number=NUMBER, rounds=rounds, idle_between=False)
     return {"model": name, "threads": threads, "tasks": len(tasks), "records": after, "new": after - before,
-            "tune_s": tune_s, "errors": errors, "build_s": default_m.build_s, "tuned_build_s": tuned_m.build_s,
+            "tune_s": tune_s, "errors": errors, "rounds": rounds, "build_s": default_m.build_s,
+            "tuned_build_s": tuned_m.build_s,
             **latencies(raw), "default_ort": paired_ratio(raw, "default", "onnxruntime")}
 
 
@@ -129,9 +131,9 @@ def report(rows: list[dict], command: str, kind: str = "cnns") -> str:
              "scheduler, lgbm tuner, top-3 re-measurement) under a budget of trials per tunable task x tasks; `tune "
              "s` is its wall time in this run, import, tuning and the verified build included; `log records` counts "
              "trials and re-measurements (0: the tuned build is the default one). "
-             f"Latency: median of {ROUNDS * NUMBER} calls, the three "
-             f"interleaved in {ROUNDS} rounds of {NUMBER} back to back; ratios tuned/ort and default/tuned are "
-             "medians of per-round ratios [quartiles]. `error`: max abs error / max abs onnxruntime output, "
+             f"Latency: median of {rows[0]['rounds'] * NUMBER} calls, the three interleaved in "
+             f"{rows[0]['rounds']} rounds of {NUMBER} back to back; ratios tuned/ort and default/tuned are medians "
+             "of per-round ratios [quartiles]. `error`: max abs error / max abs onnxruntime output, "
              "default build / tuned build / onnxruntime with basic rewrites only (the spread of the reference "
              "itself: the build's self-check allows twice it where it passes 1e-3) (goal <= 1e-3).", "",
              "| model | threads | tasks | log records | tune s | default ms | tuned ms | onnxruntime ms | "
@@ -168,6 +170,7 @@ def main() -> None:
                     "tuned builds take whatever their logs hold")
     ap.add_argument("--tune-threads", help="tune only at these thread counts (default: every one)")
     ap.add_argument("--logs", type=Path, default=ROOT / "runs" / "bench-zoo", help="tuning logs (resumed)")
+    ap.add_argument("--rounds", type=int, default=ROUNDS, help=f"timing rounds of {NUMBER} calls per contender")
     ap.add_argument("--no-write", action="store_true", help="print, do not update RESULTS.md")
     args = ap.parse_args()
     target = Target.host()
@@ -182,7 +185,8 @@ def main() -> None:
             for threads in (int(t) for t in args.threads.split(",")):
                 tuned = (args.tune is None or name in args.tune.split(",")) and \
                     (args.tune_threads is None or str(threads) in args.tune_threads.split(","))
-                row = bench_model(name, threads, args.trials_per_task if tuned else 0, args.logs, target, Path(tmp))
+                row = bench_model(name, threads, args.trials_per_task if tuned else 0, args.logs, target, Path(tmp),
+                                  args.rounds)
                 print(row, flush=True)
                 rows.append(row)
     command = "flock /tmp/bench.lock .venv/bin/python benchmarks/zoo.py " + " ".join(sys.argv[1:])
