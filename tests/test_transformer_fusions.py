@@ -210,3 +210,14 @@ def test_a_residual_add_behind_a_reshape_and_a_unit_transpose_fuses_into_the_den
     assert [(n.op, [e.kind for e in n.task.epilogue]) for n in opt.nodes if n.task is not None] == [
         ("dense", ["residual_add"])]
     assert "Add" not in {n.op for n in opt.nodes}
+
+
+def test_a_classifier_softmax_keeps_its_dense_and_bias(tmp_path):
+    """softmax(x @ W + b): a constant weight is no attention; its bias stays in the dense's epilogue."""
+    nodes = [helper.make_node("MatMul", ["x", "w"], ["mm"]), helper.make_node("Add", ["mm", "b"], ["logits"]),
+             helper.make_node("Softmax", ["logits"], ["y"], axis=-1)]
+    path = _save(tmp_path, nodes, [_c("w", RNG.standard_normal((D, S))), _c("b", RNG.standard_normal(S))],
+                 {"x": (H, D)})
+    opt, _ = _check(tmp_path, path)
+    assert [n.op for n in opt.nodes] == ["dense", "Softmax"]
+    assert [e.kind for e in opt.nodes[0].task.epilogue] == ["bias"]

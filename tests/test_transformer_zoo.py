@@ -21,8 +21,10 @@ from stages.build.library import build_library
 from stages.extract import ModelError, load_model
 from stages.extract.weights import fill_weights, is_weightless
 from stages.graph.passes import optimize
+from stages.graph.tasks import extract_tasks
 from stages.runtime import LoadError, load
 from stages.runtime.feeds import padding_mask
+from stages.tune.loop import tunable
 
 ZOO = Path(__file__).resolve().parents[1] / "data" / "zoo"
 # name -> (sequence length, vocabulary); the classic exports have dynamic axes `batch` and `sequence`.
@@ -168,6 +170,10 @@ def test_the_built_transformer_runs_the_fused_kernels(libraries, name):
     ops = [i.op for i in model.manifest.ops]
     assert ops.count("AttentionSoftmax") == 2 and ops.count("AddLayerNormalization") == 1, ops
     assert not {"Softmax", "IsNaN", "Gelu", "Add"} & set(ops), ops
+    # attention's batch matmuls (both operands computed at run time) run their template, never the generic kernel
+    assert [i.kind for i in model.manifest.ops if i.op == "batch_matmul"] == ["default"] * 4
     graph = optimize(load_model(_filled(name), _bindings(name)))
     kinds = {e.kind for n in graph.nodes if n.task is not None for e in n.task.epilogue}
     assert set(FUSED[name]) <= kinds, kinds
+    tasks = [t.task for t in extract_tasks(graph)]
+    assert all(tunable(tasks)) and "batch_matmul" in {t.op for t in tasks}

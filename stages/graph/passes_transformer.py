@@ -11,7 +11,8 @@ the unscaled operands and puts everything after it in one node, `AttentionSoftma
 `scale` (the product of the scalars), `nan_to` (the Where's constant, or None) and `axis` (the last), which
 stages/memops/attention.py runs in one pass per row (scale and mask applied as the row is loaded).
 
-Every value inside the chain must be read by the chain alone.
+Both operands of the MatMul must be computed at run time (Q and K), and every value inside the chain must be
+read by the chain alone.
 """
 
 from __future__ import annotations
@@ -67,8 +68,9 @@ def _rewrite(g: Graph, sm: Node) -> None:
         gone.append(prod[scores])
         scores, scale = step[0], step[1]
     mm = prod.get(scores)
-    if mm is None or mm.op != "MatMul" or g.sole_consumer(scores, users) is not (gone[-1] if gone else sm):
-        return
+    if mm is None or mm.op != "MatMul" or g.sole_consumer(scores, users) is not (gone[-1] if gone else sm) \
+            or any(i in g.constants for i in mm.inputs):
+        return  # a classifier's logits (a constant weight, its bias added) keep their dense and its epilogue
     inputs = list(mm.inputs)
     for i, name in enumerate(inputs):
         step = _scaled(g, prod.get(name), name)
