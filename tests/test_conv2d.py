@@ -117,7 +117,41 @@ def test_default_schedules_are_valid_and_fill_the_registers(layer):
         assert conv2d.space(task, target).reason(knobs) is None
         assert knobs["vw"] in (target.vector_lanes, target.vector_lanes // 2)
         accumulators = knobs["mr"] * knobs["rh"] * knobs["nw"]
-        assert accumulators >= target.vector_registers // 2
+        if g == 1:  # a depthwise tile's channels share no loads: it is sized by its rows (below)
+            assert accumulators >= target.vector_registers // 2
+
+
+DEPTHWISE = [  # (input, window, stride, pad) -> (nw, rh, flat) of the default's depthwise tile on 16 lanes
+    ((1, 144, 56, 56), 3, 1, 1, (2, 2, 0)), ((1, 384, 14, 14), 3, 1, 1, (1, 2, 0)),
+    ((1, 672, 14, 14), 5, 1, 2, (1, 3, 0)), ((1, 96, 112, 112), 3, 2, 1, (2, 2, 0)),
+    ((1, 960, 7, 7), 3, 1, 1, (4, 1, 1)), ((1, 672, 14, 14), 5, 2, 2, (4, 1, 1))]
+
+
+@pytest.mark.parametrize("x,k,s,p,tile", DEPTHWISE)
+def test_depthwise_defaults_unroll_the_window_over_full_vectors_and_match_numpy(x, k, s, p, tile):
+    c = x[1]
+    task = conv2d.conv2d_task(x, (c, 1, k, k), (s, s), (p,) * 4, (1, 1), c, parse_epilogue("bias,clip:0:6"))
+    knobs = conv2d.default_config(task, preset("x86-64-avx512")).knobs
+    assert (knobs["vw"], knobs["mr"], knobs["unroll"], knobs["axis"]) == (16, conv2d.DW_MR, 2, "w"), knobs
+    assert (knobs["nw"], knobs["rh"], knobs["flat"]) == tile, knobs
+    small = conv2d.conv2d_task((1, 6, *x[2:]), (6, 1, k, k), (s, s), (p,) * 4, (1, 1), 6, task.epilogue)
+    knobs = conv2d.default_config(small, HOST).knobs
+    inputs = conv2d.make_inputs(small, seed=1)
+    assert_matches(small, run(small, knobs, inputs, threads=2), conv2d.reference(small, inputs))
+
+
+def test_a_depthwise_layer_whose_flat_grid_wastes_the_lanes_keeps_the_column_tile():
+    task = conv2d.conv2d_task((1, 1152, 7, 7), (1152, 1, 5, 5), (1, 1), (2, 2, 2, 2), (1, 1), 1152)
+    knobs = conv2d.default_config(task, preset("x86-64-avx512")).knobs
+    assert (knobs["vw"], knobs["flat"], knobs["unroll"]) == (8, 0, 1), knobs  # 49 of 128 lanes flat
+
+
+@pytest.mark.parametrize("x,oc,axis", [((1, 64, 14, 14), 384, "oc"), ((1, 32, 28, 28), 192, "oc"),
+                                       ((1, 96, 14, 14), 576, "oc"), ((1, 64, 56, 56), 256, "w"),
+                                       ((1, 16, 14, 14), 96, "w")])
+def test_1x1_gemms_on_small_images_put_channels_on_the_lanes_from_32_input_channels(x, oc, axis):
+    task = conv2d.conv2d_task(x, (oc, x[1], 1, 1))
+    assert conv2d.default_config(task, preset("x86-64-avx512")).knobs["axis"] == axis
 
 
 @pytest.mark.parametrize("stride,icb,par,threads",
@@ -292,7 +326,7 @@ def test_the_1x1_path_reads_the_image_in_place_and_other_convs_pack_it():
     knobs = {**conv2d.default_config(padded, HOST).knobs, "par": "oc"}  # a pack phase into the workspace
     args = conv2d.kernel_args(padded, knobs, conv2d.make_inputs(padded))
     assert len(args) == 4 and args[2].size >= 16 * 9 * 9
-    rows = conv2d.plan(padded, {**knobs, "par": "oh"})  # row tiles pack on their own stack instead
+    rows = conv2d.plan(padded, {**knobs, "par": "oh", "flat": 0})  # row tiles pack on their own stack instead
     assert rows.pack_rows and rows.workspace == 0 and rows.stack_floats >= 16 * 9 * 9
 
 

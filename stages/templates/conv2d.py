@@ -45,6 +45,11 @@ OC_AXIS_MIN_IC = 16  # the default puts channels on 16 lanes when the reduction 
 # ... and on a 1x1 GEMM from this many input channels: 1.6-1.8x the column-vector default from 128 channels on
 # 7-28-wide images (672x14x14 -> 112: 143 vs 81 GFLOPS), equal or behind at 64 channels on 56x56 (130 vs 153)
 GEMM_OC_MIN_IC = 128
+# ... and from this many on images of at most GEMM_OC_SMALL_IMAGE pixels, where column vectors fill the lanes
+# badly: Emerald Rapids, 1 thread, against 8-lane column vectors: 64x14x14 -> 384 2.0x, 96x14x14 -> 576 1.5x,
+# 32x28x28 -> 192 1.2x (half-width vectors run at half the FMA rate there)
+GEMM_OC_SMALL_MIN_IC = 32
+GEMM_OC_SMALL_IMAGE = 28 * 28
 
 MAX_UNROLLED_FMAS = 512  # keeps a candidate's compile time down
 PAR_ITEMS = 8  # the default keeps at least this many channel blocks when it can
@@ -171,11 +176,13 @@ def default_config(task: TuningTask, target: Target) -> Config:
     g = geom(task)
     regs, lanes = target.vector_registers, target.vector_lanes
     tiles: list[tuple[str, int, int, int, int, int]] = []  # (axis, vw, mr, nw, rh, flat), preferred first
-    gemm_ok = g.icg >= GEMM_OC_MIN_IC and (g.oc % lanes == 0 or g.oc >= 4 * lanes)  # 24 channels: 0.59x
+    gemm_ok = (g.icg >= GEMM_OC_MIN_IC or g.icg >= GEMM_OC_SMALL_MIN_IC and g.oh * g.ow <= GEMM_OC_SMALL_IMAGE) \
+        and (g.oc % lanes == 0 or g.oc >= 4 * lanes)  # 24 channels: 0.59x
     oc_tile = _oc_tile(task, target) if lanes >= 16 and g.groups == 1 and g.oc >= lanes \
         and (gemm_ok if g.is_1x1_gemm else g.icg >= OC_AXIS_MIN_IC) else None
     if oc_tile is not None:
         tiles.append(("oc", *oc_tile))
+    dw_tile = _depthwise_tile(task, target)
     best: tuple | None = None
     for flat in FLAT:
         p = plan(task, {**PROBE, "vw": lanes, "flat": flat})
@@ -198,6 +205,8 @@ def default_config(task: TuningTask, target: Target) -> Config:
         tiles.append(best[1])
     candidates = [{**_blocking(task, target, *tile), "unroll": unroll, "uk": uk} for tile in tiles
                   for unroll, uk in ((0, 1),) * (tile[0] == "oc") + ((1, 1), (2, 1), (0, 1), (0, 2), (0, 4))]
+    if dw_tile is not None:  # the whole window unrolled: rows of a channel share their input loads
+        candidates.insert(0, {**_blocking(task, target, "w", *dw_tile), "unroll": 2, "uk": 1})
     return first_valid(space(task, target), [*candidates, PROBE], f"{task.description} on {target.name}")
 
 
@@ -228,13 +237,42 @@ def _blocking(task: TuningTask, target: Target, axis: str, vw: int, mr: int, nw:
             "ocn": ocn, "par": par, "flat": flat, "axis": axis}
 
 
+DW_MR = 2  # channels per depthwise tile: each loads its own input, so more channels share nothing
+DW_FLAT_MIN_EFF = 0.6  # a narrow depthwise layer takes the flat grid only if it wastes less than this
+
+
+def _depthwise_tile(task: TuningTask, target: Target) -> tuple[int, int, int, int, int] | None:
+    """The depthwise tile (vw, mr, nw, rh, flat), or None for other convs: full-width vectors, `DW_MR`
+    channels, and the window unrolled so the rows of a channel reuse each other's input loads (a
+    channel's rows r and r+1 read the same input row at taps kh+1 and kh), over `rh` = 2 rows (3 for
+    5x5 and larger windows: more rows share each load) of up to 2 vectors; outputs narrower than
+    3/4 of a vector run along the flat grid, 4 vectors of one row, if it fills enough lanes. Measured
+    on Emerald Rapids, 1 thread, against the previous default (column vectors of 8 lanes, 6 channels,
+    kw unrolled): 14x14x384 3x3 1.55x, 14x14x672 5x5 3.8x, 56x56x144 3x3 1.21x, 7x7x960 3x3 (flat)
+    1.27x; 7x7x1152 5x5 keeps the previous default (its flat grid fills 38% of the lanes)."""
+    g = geom(task)
+    lanes = target.vector_lanes
+    if not (g.groups > 1 and g.icg == 1 and g.ocg == 1) or g.oc < DW_MR:
+        return None
+    if 4 * g.ow >= 3 * lanes:
+        return lanes, DW_MR, min(2, -(-g.ow // lanes)), min(3 if g.kh >= 5 else 2, g.oh), 0
+    p = plan(task, {**PROBE, "vw": lanes, "flat": 1})
+    tiles = -(-p.out_w // (4 * lanes))
+    if g.oh * g.ow < DW_FLAT_MIN_EFF * tiles * 4 * lanes:
+        return None
+    return lanes, DW_MR, 4, 1, 1
+
+
 def _oc_tile(task: TuningTask, target: Target) -> tuple[int, int, int, int, int] | None:
     """The channel-vector tile (vw, mr, nw, rh, flat), if any fits, that computes the fewest outputs for nothing
     and keeps about 24-28 accumulators, with one channel vector where that suffices: on ResNet's 3x3
     layers 16 channels x 2 rows x 14 pixels measured 0.99-1.11x onnxruntime, 32 channels x 14
-    pixels (fewer loads per FMA) 0.93-1.05x, 16 x 16 grid pixels (the previous default) 0.86-1.08x."""
+    pixels (fewer loads per FMA) 0.93-1.05x, 16 x 16 grid pixels (the previous default) 0.86-1.08x. A 1x1
+    conv breaks a tie toward one row of up to 32 pixels rather than rows of 16: 1x1 stride-2 256x56x56 -> 512
+    1.6x, 256x56x56 -> 64 1.1x on Emerald Rapids."""
     g = geom(task)
     lanes, regs = target.vector_lanes, target.vector_registers
+    one_by_one = int(g.kh * g.kw == 1)
     best: tuple | None = None
     for flat in FLAT:
         for nw in (1, 2):
@@ -247,7 +285,7 @@ def _oc_tile(task: TuningTask, target: Target) -> tuple[int, int, int, int, int]
                     eff = g.oc * g.oh * g.ow / computed
                     fill = min(1.0, p.accumulators / 24)
                     intensity = p.accumulators / (mr // lanes + rh * p.tile_w)
-                    score = (round(eff * fill, 2), -(mr // lanes), round(intensity, 2), -flat)
+                    score = (round(eff * fill, 2), -(mr // lanes), round(intensity, 2), -rh * one_by_one, -flat)
                     if best is None or score > best[0]:
                         best = (score, (lanes, mr, nw, rh, flat))
     return None if best is None else best[1]
