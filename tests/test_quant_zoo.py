@@ -1,9 +1,10 @@
 """Quantized zoo models (testing/quantize.py: onnxruntime's quantize_static in QDQ form for the CNNs at a
 reduced resolution, quantize_dynamic for BERT) imported, built with the int8 loop kernels and judged by
-onnxruntime's int8 run of the same model: every output element within one quantization step of the output
-scale (DenseNet-121: see STEPS), top-1 agreeing on every input; on the host and on the x86-64-avx2 preset.
+onnxruntime's int8 run of the same model: every output element within STEPS quantization steps of the output
+scale (one, where the model has no float island left), top-1 agreeing on every input; on the host and on the
+x86-64-avx2 preset.
 
-CI runs MobileNetV2 (about 30 s); TUNAFLOW_QUANT_ZOO=1 runs the whole quantized zoo (about 10 minutes)."""
+CI runs MobileNetV2 (about 30 s); TUNAFLOW_QUANT_ZOO=1 runs the whole quantized zoo (about 15 minutes)."""
 
 from __future__ import annotations
 
@@ -23,10 +24,13 @@ from stages.runtime import load
 from testing.quantize import onnxruntime_run, quantized_zoo, random_inputs
 
 SIZES = {"resnet50": 64, "mobilenet_v2": 64, "efficientnet_b0": 64, "densenet121": 64, "inception_v3": 96}
-# DenseNet-121 keeps 62 pre-activation BatchNormalizations and 3 AveragePools in float between a DQ and a Q
-# (onnxruntime runs the BN as its own float kernel and the pool as QLinearAveragePool): a near-tie rounds the
-# other way now and then, and 58 concats carry it on. Measured: at most 4 steps, top-1 always agreeing.
-STEPS = {"densenet121": 4}
+# Measured over 100 inputs, both targets. Whatever still runs in float between a DQ and a Q rounds as numpy and
+# LLVM sum, not as onnxruntime's float kernels do: DenseNet-121's 62 pre-activation BatchNormalizations (Mul, Add)
+# and every model's global-pool ReduceMean before the classifier, and a residual add now and then differs from
+# onnxruntime's QLinearAdd by one step in about one element in 10^5 (a rounding that kernel does differently
+# from the float32 formula qadd reproduces elsewhere exactly). A one-step flip inside the network reaches the
+# logits as up to 3 steps; top-1 agreed on all 100 inputs of every model.
+STEPS = {"resnet50": 3, "densenet121": 3}
 FULL = os.environ.get("TUNAFLOW_QUANT_ZOO") == "1"
 CI = ("mobilenet_v2",)
 INPUTS = 100 if FULL else 10
