@@ -29,8 +29,10 @@ SIZES = {"resnet50": 64, "mobilenet_v2": 64, "efficientnet_b0": 64, "densenet121
 # and every model's global-pool ReduceMean before the classifier, and a residual add now and then differs from
 # onnxruntime's QLinearAdd by one step in about one element in 10^5 (a rounding that kernel does differently
 # from the float32 formula qadd reproduces elsewhere exactly). A one-step flip inside the network reaches the
-# logits as up to 3 steps; top-1 agreed on all 100 inputs of every model.
-STEPS = {"resnet50": 3, "densenet121": 3}
+# logits as up to 3 steps. EfficientNet-B0's SiLU and squeeze-excite gates (Sigmoid, Mul between DQ and Q) run in
+# float here and as QLinearSigmoid's lookup table and QLinearMul there; its random-weight gates amplify a flip to
+# up to 60 steps on a few inputs. Top-1 agreed on all 100 inputs of every model.
+STEPS = {"resnet50": 3, "densenet121": 3, "efficientnet_b0": 60}
 FULL = os.environ.get("TUNAFLOW_QUANT_ZOO") == "1"
 CI = ("mobilenet_v2",)
 INPUTS = 100 if FULL else 10
