@@ -48,10 +48,11 @@ def _run(task, target: Target, knobs: dict, inputs: list[np.ndarray], threads: i
     return args[-1]
 
 
-def _on(target: Target, isa: str, task) -> dict:
-    knobs = {**qconv2d.default_config(task, target).knobs, "isa": isa}
+def _on(target: Target, isa: str, task, axis: str = "w") -> dict:
+    """The default schedule moved to `isa` and lane `axis` (a smaller tile when the path needs it)."""
+    knobs = {**qconv2d.default_config(task, target).knobs, "isa": isa, "axis": axis}
     sp = qconv2d.space(task, target)
-    for mr, rh, nv in ((knobs["mr"], knobs["rh"], knobs["nv"]), (3, 2, 1), (2, 1, 1), (1, 1, 1)):
+    for mr, rh, nv in ((knobs["mr"], knobs["rh"], knobs["nv"]), (3, 2, 1), (5, 1, 2), (2, 1, 1), (1, 1, 1)):
         cand = {**knobs, "mr": mr, "rh": rh, "nv": nv}
         if sp.reason(cand) is None:
             return cand
@@ -60,12 +61,14 @@ def _on(target: Target, isa: str, task) -> dict:
 
 @pytest.mark.parametrize(("target", "isa"), PATHS, ids=[f"{t.name}-{i}" for t, i in PATHS])
 @pytest.mark.parametrize("case", sorted(CASES))
-def test_exact_on_every_path(target, isa, case):
+@pytest.mark.parametrize("axis", ["w", "oc"])
+def test_exact_on_every_path(target, isa, case, axis):
+    """Lanes on output columns (weights broadcast) or on output channels (pixels broadcast)."""
     task = _task(case)
     inputs = qconv2d.make_inputs(task, seed=len(case))
     ref = qconv2d.reference(task, inputs)
     assert len(np.unique(ref)) > 3
-    np.testing.assert_array_equal(_run(task, target, _on(target, isa, task), inputs), ref)
+    np.testing.assert_array_equal(_run(task, target, _on(target, isa, task, axis), inputs), ref)
 
 
 def test_padding_reads_the_zero_point():
@@ -101,10 +104,14 @@ def test_default_config_is_valid_for_every_shape(target):
                 assert qconv2d.space(task, target).reason(qconv2d.default_config(task, target).knobs) is None
 
 
-def test_default_runs_exact_threaded_with_a_batch():
-    task = qconv2d.task((3, 16, 15, 17), (24, 16, 3, 3), (2, 1), (1, 1, 0, 2), x_zero_point=60, y_zero_point=100)
+@pytest.mark.parametrize("shape", [((3, 16, 15, 17), (24, 16, 3, 3), (2, 1), (1, 1, 0, 2)),
+                                   ((2, 72, 7, 5), (70, 72, 3, 3), (1, 1), (1, 1, 1, 1))], ids=["columns", "channels"])
+def test_default_runs_exact_threaded_with_a_batch(shape):
+    task = qconv2d.task(*shape, x_zero_point=60, y_zero_point=100)
+    knobs = qconv2d.default_config(task, HOST).knobs
+    assert knobs["axis"] == ("w" if shape[0][1] == 16 else "oc" if "vnni512" in available(HOST) else knobs["axis"])
     inputs = qconv2d.make_inputs(task, seed=5)
-    out = _run(task, HOST, qconv2d.default_config(task, HOST).knobs, inputs, threads=2)
+    out = _run(task, HOST, knobs, inputs, threads=2)
     np.testing.assert_array_equal(out, qconv2d.reference(task, inputs))
 
 

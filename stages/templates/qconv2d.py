@@ -103,8 +103,9 @@ def reference(task: TuningTask, inputs: list[np.ndarray]) -> np.ndarray:
 
 
 def pack_weights(w: np.ndarray, p: QConvPlan) -> np.ndarray:
-    """OIHW int8 → [group][channel tile][channel block][kh][kw][mr][4], zero-padded on both channel axes."""
-    g, mr = p.g, p.s.mr
+    """OIHW int8 → [group][channel tile][channel block][kh][kw][tile's channels][4], zero-padded on both
+    channel axes."""
+    g, mr = p.g, p.oc_tile
     full = np.zeros((g.groups, p.ot * mr, p.cb * 4, g.kh, g.kw), dtype=np.int8)
     full[:, :g.ocg, :g.icg] = w.reshape(g.groups, g.ocg, g.icg, g.kh, g.kw)
     out = aligned((g.groups, p.ot, p.cb, g.kh, g.kw, mr, 4), "int8")
@@ -115,7 +116,7 @@ def pack_weights(w: np.ndarray, p: QConvPlan) -> np.ndarray:
 def _per_tile(v: np.ndarray, p: QConvPlan) -> np.ndarray:
     """A per-channel vector laid out [group][ot * mr] (zeros past each group's channels), flattened."""
     g = p.g
-    out = np.zeros((g.groups, p.ot * p.s.mr), dtype=v.dtype)
+    out = np.zeros((g.groups, p.ot * p.oc_tile), dtype=v.dtype)
     out[:, :g.ocg] = v.reshape(g.groups, g.ocg)
     return out.reshape(-1)
 
@@ -125,7 +126,7 @@ def kernel_args(task: TuningTask, knobs: Knobs, inputs: list[np.ndarray]) -> lis
     x, w, bias, scale = inputs
     p = QConvPlan(geom(task), QConvSchedule.from_knobs(knobs))
     folded = folded_bias(bias, w.reshape(w.shape[0], -1), effective_zx(task), w.shape[0])
-    size = p.g.groups * p.ot * p.s.mr
+    size = p.g.groups * p.ot * p.oc_tile
     return [np.ascontiguousarray(x), pack_weights(w, p), padded(_per_tile(folded, p), size),
             padded(_per_tile(scale, p), size), aligned((p.workspace,), "uint8"),
             aligned(task.outputs[0].shape, task.outputs[0].dtype)]

@@ -114,7 +114,7 @@ class _Conv:
         p, g, s = self.p, self.p.g, self.p.s
         fn, b = range_body(mod, "tf_qconv_range")
         x, w, bias, scale, ws, y = (b.bitcast(v, VOIDP) for v in body_args(b, fn, 6))
-        micro = self._micro(mod)
+        micro = self._micro(mod) if s.axis == "w" else self._micro_oc(mod)
         with for_range(b, fn.args[1], fn.args[2], name="item", unroll=False) as item:
             ng, rest = b.sdiv(item, i64(p.ot * p.rt)), b.srem(item, i64(p.ot * p.rt))
             if s.order == "ot_rt":
@@ -170,6 +170,76 @@ class _Conv:
         self._store(b, accs, at, bias, scale, y, n, grp, tile, ot, oh0, ow0)
         b.ret_void()
         return fn
+
+    def _micro_oc(self, mod: ir.Module) -> ir.Function:
+        """Lanes on output channels: an `mr` pixels x `nv` channel vectors tile (pixels of the flattened
+        output, each its own address, broadcast), for narrow layers whose rows would leave lanes idle;
+        its bytes are stored lane by lane (one channel plane each), a small cost beside the long sums."""
+        p, g, s = self.p, self.p.g, self.p.s
+        lanes, parts, taps, pixels = s.lanes, PARTS[s.isa], g.kh * g.kw, g.oh * g.ow
+        fn = ir.Function(mod, ir.FunctionType(ir.VoidType(), [VOIDP] * 5 + [I64] * 5), name="qconv_micro_oc")
+        fn.linkage = "internal"
+        w, bias, scale, ws, y, n, grp, ot, rt, _ = fn.args
+        for arg in (w, bias, scale, ws, y):
+            arg.add_attribute("noalias")
+        b = ir.IRBuilder(fn.append_basic_block("entry"))
+        vty = ivec(lanes)
+        tile = add(b, mul(b, grp, i64(p.ot)), ot)
+        wpanel = gep(b, b.bitcast(w, vty.as_pointer()), mul(b, tile, i64(p.cb * taps * s.nv)))
+        block = gep(b, b.bitcast(ws, I8P), mul(b, add(b, mul(b, n, i64(g.groups)), grp), i64(p.cb * p.plane)))
+        pix0 = mul(b, rt, i64(s.mr))
+        bases = []
+        for i in range(s.mr):
+            pix = smin(b, add(b, pix0, i64(i)), i64(pixels - 1))
+            oh, ow = b.sdiv(pix, i64(g.ow)), b.srem(pix, i64(g.ow))
+            bases.append(add(b, mul(b, oh, i64(g.sh * g.sw * p.wq)), ow))
+        accs = [v for _ in range(s.mr * s.nv) for v in isa_.zero_acc(s.isa)]
+        with loop_carry(b, i64(0), i64(p.cb), accs, name="cb", unroll=s.uk if s.uk > 1 else False) as cb:
+            cbase = b.bitcast(gep(b, block, mul(b, cb, i64(p.plane))), I32.as_pointer())
+            wcb = gep(b, wpanel, mul(b, cb, i64(taps * s.nv)))
+            for kh in range(g.kh):
+                for kw in range(g.kw):
+                    off = (kh * g.dh * g.sw + (kw * g.dw) % g.sw) * p.wq + (kw * g.dw) // g.sw
+                    wv = [b.load(gep(b, wcb, i64((kh * g.kw + kw) * s.nv + j)), align=4) for j in range(s.nv)]
+                    for i in range(s.mr):
+                        a = b.load(gep(b, cbase, add(b, bases[i], i64(off))), align=4)
+                        av = isa_.splat_i32(b, a, lanes)
+                        for j in range(s.nv):
+                            k = (i * s.nv + j) * parts
+                            accs[k:k + parts] = isa_.dot4(b, s.isa, accs[k:k + parts], av, wv[j])
+        self._store_oc(b, accs, bias, scale, y, n, grp, tile, ot, pix0)
+        b.ret_void()
+        return fn
+
+    def _store_oc(self, b, accs, bias, scale, y, n, grp, tile, ot, pix0) -> None:
+        p, g, s = self.p, self.p.g, self.p.s
+        lanes, parts, pixels = s.lanes, PARTS[s.isa], g.oh * g.ow
+        vty, fty = ivec(lanes), ir.VectorType(F32, lanes)
+        bptr = gep(b, b.bitcast(bias, vty.as_pointer()), mul(b, tile, i64(s.nv)))
+        sptr = gep(b, b.bitcast(scale, fty.as_pointer()), mul(b, tile, i64(s.nv)))
+        oc0 = mul(b, ot, i64(p.nr))
+        plane0 = gep(b, b.bitcast(y, I8P), mul(b, add(b, mul(b, n, i64(g.oc)), add(b, mul(b, grp, i64(g.ocg)), oc0)),
+                                                i64(pixels)))
+        bj = [b.load(gep(b, bptr, i64(j)), align=4) for j in range(s.nv)]
+        sj = [b.load(gep(b, sptr, i64(j)), align=4) for j in range(s.nv)]
+        for i in range(s.mr):
+            pix = add(b, pix0, i64(i))
+            outs = []
+            for j in range(s.nv):
+                k = (i * s.nv + j) * parts
+                v = b.add(isa_.finish(b, s.isa, accs[k:k + parts]), bj[j])
+                outs.append(rq_.emit(b, self.rq, v, sj[j], s.isa != "generic"))
+            with b.if_then(b.icmp_signed("<", pix, i64(pixels)) if pixels % s.mr else ir.Constant(I1, 1)):
+                for j in range(s.nv):
+                    for lane in range(lanes):
+                        c = j * lanes + lane
+                        dst = gep(b, plane0, add(b, mul(b, i64(c), i64(pixels)), pix))
+                        byte = b.extract_element(outs[j], ir.Constant(I32, lane))
+                        if g.ocg % p.nr:
+                            with b.if_then(b.icmp_signed("<", add(b, oc0, i64(c)), i64(g.ocg))):
+                                b.store(byte, dst)
+                        else:
+                            b.store(byte, dst)
 
     def _store(self, b, accs, at, bias, scale, y, n, grp, tile, ot, oh0, ow0) -> None:
         p, g, s = self.p, self.p.g, self.p.s

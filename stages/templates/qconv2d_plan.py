@@ -26,6 +26,7 @@ class QConvSchedule:
     nv: int  # vectors of output columns per tile
     uk: int  # channel-block loop unrolled
     order: str  # "ot_rt": items walk row tiles of one channel tile (weights stay in L1), "rt_ot": the reverse
+    axis: str = "w"  # what the lanes hold: output columns (weights broadcast) or output channels (pixels broadcast)
 
     @property
     def lanes(self) -> int:
@@ -34,7 +35,7 @@ class QConvSchedule:
     @classmethod
     def from_knobs(cls, k: dict) -> QConvSchedule:
         return cls(isa=str(k["isa"]), mr=int(k["mr"]), rh=int(k["rh"]), nv=int(k["nv"]), uk=int(k["uk"]),
-                   order=str(k["order"]))
+                   order=str(k["order"]), axis=str(k["axis"]))
 
 
 @dataclass(frozen=True)
@@ -52,17 +53,25 @@ class QConvPlan:
         return -(-self.g.icg // 4)
 
     @property
+    def oc_tile(self) -> int:
+        """Output channels per tile: `mr` rows of broadcast weights, or `nr` lanes."""
+        return self.s.mr if self.s.axis == "w" else self.nr
+
+    @property
     def ot(self) -> int:
         """Output-channel tiles per group."""
-        return -(-self.g.ocg // self.s.mr)
+        return -(-self.g.ocg // self.oc_tile)
 
     @property
     def rt(self) -> int:
+        """Row tiles of `rh` output rows, or (lanes on channels) pixel tiles of `mr` flattened pixels."""
+        if self.s.axis == "oc":
+            return -(-(self.g.oh * self.g.ow) // self.s.mr)
         return -(-self.g.oh // self.s.rh)
 
     @property
     def ct(self) -> int:
-        return -(-self.g.ow // self.nr)
+        return -(-self.g.ow // self.nr) if self.s.axis == "w" else 1
 
     @property
     def hp(self) -> int:
@@ -71,7 +80,8 @@ class QConvPlan:
 
     @property
     def wq(self) -> int:
-        reach = self.ct * self.nr + (self.g.kw - 1) * self.g.dw // self.g.sw
+        cols = self.ct * self.nr if self.s.axis == "w" else self.g.ow
+        reach = cols + (self.g.kw - 1) * self.g.dw // self.g.sw
         return -(-reach // PACK_COLS) * PACK_COLS
 
     @property
