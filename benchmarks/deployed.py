@@ -76,11 +76,13 @@ def row(name: str, tasks: int, tune_s: float, verdicts: list[AnchorTime], window
     s = summary(verdicts)
     worst = next(v for v in verdicts if v.node == s["worst"]["node"])
     per_call = [v.deployed_us / v.alone_call_us for v in verdicts if v.alone_call_us]
+    cold = [v.deployed_us / v.alone_cold_us for v in verdicts if v.alone_cold_us]
     loop = [v.alone_us / v.tuned_us for v in verdicts if v.alone_us]
     return [name, tasks, f"{tune_s:.0f}", s["anchors"], f"{s['median_ratio']:.3f}",
             f"{s['off']}/{s['anchors']}",
             f"{worst.node} {worst.ratio:.2f}" + (f": {worst.reasons[0]}" if worst.reasons else ""),
             f"{statistics.median(per_call):.3f}" if per_call else "-",
+            f"{statistics.median(cold):.3f}" if cold else "-",
             f"{statistics.median(loop):.3f}" if loop else "-", f"{means:.3f}",
             f"{window.other_cores:.2f}" if window else "-"]
 
@@ -103,7 +105,8 @@ def main(argv: list[str] | None = None) -> None:
             rows.append(row(name, tasks, tune_s, verdicts, window, means))
             print(markdown_table(["model"], [rows[-1]])[-1], file=sys.stderr, flush=True)  # each row as it is done
     header = ["model", "tasks", "tune s", "tuned anchors", "library / record (median)", "off by > 5%",
-              "worst anchor", "library / alone per call (median)", "alone the tuner's way / record (median)",
+              "worst anchor", "library / alone per call (median)",
+              "library / alone cold per call (median)", "alone the tuner's way / record (median)",
               "library round means / record (median)",
               "other cores busy"]
     print("\n".join([
@@ -111,7 +114,8 @@ def main(argv: list[str] | None = None) -> None:
         f"{args.logs.relative_to(ROOT) if args.logs.is_relative_to(ROOT) else args.logs}); library time: the fastest "
         f"of 5 rounds' medians over {args.runs} profiled runs (`run --profile`); record time: the chosen record's "
         "figure. 'Alone': the same config timed by the tuner's runner interleaved with the profile, per single call "
-        "and the tuner's way (mean of a >= 10 ms loop). Goal: library / record within 5% (median over anchors).", "",
+        "(hot, and cold: the caches flushed before each call) and the tuner's way (mean of a >= 10 ms loop). "
+        "Goal: library / record within 5% (median over anchors).", "",
         *markdown_table(header, rows), "",
         f"Command: `flock /tmp/bench.lock .venv/bin/python benchmarks/deployed.py --models {args.models} "
         f"--trials-per-task {args.trials_per_task}`"]))

@@ -19,6 +19,8 @@ class AnchorTime(BaseModel):
                                                              "it, the mean of a >= 10 ms loop (run --alone)")
     alone_call_us: float | None = Field(default=None, description="the same config timed alone now per single "
                                                                   "call, as the profile counts (run --alone)")
+    alone_cold_us: float | None = Field(default=None, description="the same, its caches flushed before each call "
+                                                                  "(run --alone)")
     ratio: float = Field(gt=0, description="deployed / tuned")
     off: bool = Field(description="the ratio is more than the tolerance away from 1")
     reasons: tuple[str, ...] = Field(default=(), description="what can be told about why, for an anchor off")

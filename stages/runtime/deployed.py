@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import statistics
 from pathlib import Path
+from typing import NamedTuple
 
 import numpy as np
 
@@ -30,7 +31,18 @@ TOLERANCE = 0.05
 ROUNDS = 5  # a profile's runs are split into this many rounds of consecutive runs
 ALONE_ROUNDS = 3
 PER_CALL = 31  # single calls per round when a kernel is timed alone per call
+PER_COLD_CALL = 11  # and with its caches flushed before each call (64 MB written per call)
 TINY_S = 1e-6  # below this a single call's time is mostly the clock's and the call's overhead
+
+
+class Alone(NamedTuple):
+    """Seconds per call of an anchor's config timed alone by the tuner's runner: as the tuner times it (the mean of
+    a >= 10 ms loop, which counts every preemption on a busy machine), per single call hot (the median of
+    `PER_CALL` calls, as the profile counts), and per single call with the caches flushed before each."""
+
+    loop: float
+    call: float
+    cold: float
 
 
 def chosen_records(manifest: Manifest, log: str | Path | None = None) -> dict[str, TuningRecord]:
@@ -58,17 +70,14 @@ def round_figure(samples: np.ndarray, rounds: int = ROUNDS) -> tuple[float, floa
 
 
 def profile_and_time_alone(model, runs: int, feeds: dict, records: dict[str, TuningRecord],
-                           rounds: int = ROUNDS) -> tuple[list[OpInfo], np.ndarray, dict[str, tuple[float, float]]]:
+                           rounds: int = ROUNDS) -> tuple[list[OpInfo], np.ndarray, dict[str, Alone]]:
     """The library's profile (`runs` runs in `rounds` rounds) interleaved with each tuned anchor's chosen config
-    timed alone by the tuner's runner, so both see the same load. Alone, two ways: as the tuner times it (the
-    mean of a >= 10 ms loop, which counts every preemption on a busy machine) and per single call (the median
-    of `PER_CALL` calls, as the profile counts); the fastest round median of each. Identical records are
-    timed once."""
+    timed alone by the tuner's runner, so both see the same load (`Alone`: three ways, the fastest round median
+    of each). Identical records are timed once."""
     manifest = model.manifest
     unique = {_key(r): r for r in records.values()}
     builds = {k: build_one(r.task, r.config, manifest.target, r.threads) for k, r in unique.items()}
-    loop: dict[tuple, list[float]] = {k: [] for k in unique}
-    call: dict[tuple, list[float]] = {k: [] for k in unique}
+    figures: dict[tuple, tuple[list[float], list[float], list[float]]] = {k: ([], [], []) for k in unique}
     parts: list[np.ndarray] = []
     ops: list[OpInfo] = []
     runners = {n: LocalRunner(MeasureOptions(threads=n)) for n in {r.threads for r in unique.values()}}
@@ -79,15 +88,16 @@ def profile_and_time_alone(model, runs: int, feeds: dict, records: dict[str, Tun
             for k, b in builds.items():
                 runner = runners[k[2]]
                 single = runner.options.model_copy(update={"number": 1, "min_repeat_ms": 0.0, "repeat": PER_CALL})
-                for figures, opts in ((loop, runner.options), (call, single)):
+                cold = single.model_copy(update={"enable_cpu_cache_flush": True, "repeat": PER_COLD_CALL})
+                for figure, opts in zip(figures[k], (runner.options, single, cold), strict=True):
                     result = runner.run_one(b, opts)
                     if result.ok:
-                        figures[k].append(result.median)
+                        figure.append(result.median)
     finally:
         for runner in runners.values():
             runner.close()
-    alone = {node: (min(loop[_key(r)]), min(call[_key(r)])) for node, r in records.items()
-             if loop[_key(r)] and call[_key(r)]}
+    alone = {node: Alone(*(min(f) for f in figures[_key(r)])) for node, r in records.items()
+             if all(figures[_key(r)])}
     return ops, np.concatenate(parts), alone
 
 
@@ -96,7 +106,7 @@ def _key(r: TuningRecord) -> tuple[str, str, int]:
 
 
 def anchor_times(manifest: Manifest, ops: list[OpInfo], samples: np.ndarray, records: dict[str, TuningRecord],
-                 alone: dict[str, tuple[float, float]] | None = None, noise: Noise | None = None) -> list[AnchorTime]:
+                 alone: dict[str, Alone] | None = None, noise: Noise | None = None) -> list[AnchorTime]:
     """One verdict per tuned anchor (an op with a record), from the library's profile `samples` (runs x ops)."""
     verdicts = []
     for i, op in enumerate(ops):
@@ -109,14 +119,15 @@ def anchor_times(manifest: Manifest, ops: list[OpInfo], samples: np.ndarray, rec
         got = (alone or {}).get(op.node)
         why = reasons(manifest, op, (deployed, tuned), spread, records.get(op.node), got, noise) if off else ()
         verdicts.append(AnchorTime(node=op.node, task=op.task or op.op, deployed_us=deployed * 1e6,
-                                   tuned_us=tuned * 1e6, alone_us=got[0] * 1e6 if got else None,
-                                   alone_call_us=got[1] * 1e6 if got else None, ratio=ratio, off=off,
+                                   tuned_us=tuned * 1e6, alone_us=got.loop * 1e6 if got else None,
+                                   alone_call_us=got.call * 1e6 if got else None,
+                                   alone_cold_us=got.cold * 1e6 if got else None, ratio=ratio, off=off,
                                    reasons=tuple(why)))
     return verdicts
 
 
 def reasons(manifest: Manifest, op: OpInfo, figures: tuple[float, float], spread: float, record: TuningRecord | None,
-            alone: tuple[float, float] | None, noise: Noise | None) -> list[str]:
+            alone: Alone | None, noise: Noise | None) -> list[str]:
     """What can be told about an anchor off by more than the tolerance (`figures`: its deployed and tuned
     seconds; `alone`: the kernel timed alone the tuner's way and per call), most decisive first."""
     why: list[str] = []
@@ -151,9 +162,9 @@ def reasons(manifest: Manifest, op: OpInfo, figures: tuple[float, float], spread
     return why
 
 
-def _alone_reason(deployed: float, tuned: float, alone: tuple[float, float], record: TuningRecord | None,
+def _alone_reason(deployed: float, tuned: float, alone: Alone, record: TuningRecord | None,
                   manifest: Manifest) -> str:
-    loop, call = alone
+    loop, call, cold = alone
     if _near(deployed, call):
         if _near(loop, tuned):
             return (f"alone it takes {call * 1e6:.1f} us per call, as in the model, and {loop * 1e6:.1f} us the "
@@ -161,10 +172,12 @@ def _alone_reason(deployed: float, tuned: float, alone: tuple[float, float], rec
                     "the machine's load, not the library")
         return (f"alone it now takes {loop / tuned:.2f}x its record the tuner's way and per call what it takes in "
                 "the model: the record's figure does not hold (load when it was tuned, or the machine's state now)")
-    if deployed > call:
-        return (f"alone it takes {call * 1e6:.1f} us per call, in the model {deployed / call:.2f}x that: cache "
-                f"state ({_operands(record, manifest)}, not hot as when it runs alone)")
-    return f"alone it takes {call * 1e6:.1f} us per call, in the model {deployed / call:.2f}x that"
+    if deployed > call and deployed <= cold * (1 + TOLERANCE):
+        return (f"alone it takes {call * 1e6:.1f} us per call hot and {cold * 1e6:.1f} us with its caches flushed "
+                f"first, in the model {deployed * 1e6:.1f} us: cache state ({_operands(record, manifest)}: in the "
+                "tuner's loop they stay in cache, in the model the other layers evict them)")
+    return (f"alone it takes {call * 1e6:.1f} us per call hot, {cold * 1e6:.1f} us with its caches flushed first, "
+            f"in the model {deployed / call:.2f}x the hot figure: not cache state alone")
 
 
 def _near(a: float, b: float) -> bool:
@@ -176,7 +189,7 @@ def _operands(record: TuningRecord | None, manifest: Manifest) -> str:
         return "its operands"
     kib = sum(spec.size for spec in record.task.inputs) * 4 / 1024
     l2 = manifest.target.l2_bytes / 1024
-    return f"its {kib:.0f} KiB of operands{', more than L2' if kib > l2 else ''}, from the previous layer"
+    return f"its {kib:.0f} KiB of operands{', more than L2' if kib > l2 else ''}"
 
 
 def summary(verdicts: list[AnchorTime]) -> dict:

@@ -241,8 +241,8 @@ def _print_profile(rows: list[dict], summary: dict, runs: int) -> None:
               f"{summary['off']} off by more than {summary['tolerance']:.0%}")
     for r in rows:
         if r.get("off"):
-            alone = (f", alone {r['alone_us']:.1f} us the tuner's way, {r['alone_call_us']:.1f} per call"
-                     if r.get("alone_us") else "")
+            alone = (f", alone {r['alone_us']:.1f} us the tuner's way, {r['alone_call_us']:.1f} per call, "
+                     f"{r['alone_cold_us']:.1f} cold" if r.get("alone_us") else "")
             out.print(f"  {escape(r['node'])} ({r['deployed_us']:.1f} us in the model, {r['tuned_us']:.1f} when "
                       f"tuned{alone}): {escape('; '.join(r['reasons']))}")
 
