@@ -2,7 +2,8 @@
 
 0. `quantize_graph` (passes_quant.py): quantized (QDQ) anchors become int8 `qconv2d` / `qdense` nodes,
    max pool / reshape / concat between equal quantization parameters run on the integers, the
-   remaining constant DequantizeLinear nodes fold into float constants.
+   remaining constant DequantizeLinear nodes fold into float constants; `assign_int8_tasks` (qtasks.py)
+   gives each int8 anchor the tuning task its template serves.
 1. `fold_batchnorm`: a BatchNormalization right after a Conv or Gemm with constant weights is
    folded into the weights and bias (free at run time); any other one becomes Mul + Add by
    per-channel constants, which the fusion pass can still absorb as a scale_shift.
@@ -35,14 +36,15 @@ from stages.graph.passes_fuse import fuse
 from stages.graph.passes_norm import fuse_add_layernorm, rewrite_layernorm
 from stages.graph.passes_quant import quantize_graph
 from stages.graph.passes_transformer import fuse_attention_softmax
+from stages.graph.qtasks import assign_int8_tasks
 
 
 def optimize(graph: Graph) -> Graph:
     """A new graph with every pass applied; the input graph is left as it was (constant arrays are shared:
     passes add new constants, they never write into existing ones)."""
     g = copy.deepcopy(graph, memo={id(a): a for a in graph.constants.values()})
-    for p in (quantize_graph, fold_batchnorm, rewrite_activations, rewrite_layernorm, fuse_attention_softmax, fuse,
-              fuse_add_layernorm, eliminate_dead):
+    for p in (quantize_graph, assign_int8_tasks, fold_batchnorm, rewrite_activations, rewrite_layernorm,
+              fuse_attention_softmax, fuse, fuse_add_layernorm, eliminate_dead):
         p(g)
     return g
 
