@@ -5,6 +5,8 @@ clear error naming the node."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 import onnx
 import pytest
@@ -36,14 +38,21 @@ def _model(nodes, inputs, outputs, inits) -> onnx.ModelProto:
 
 
 def _everyone(model: onnx.ModelProto, feeds: dict, tmp_path, target: Target | None = None) -> dict[str, dict]:
-    """Outputs by who computed them: onnxruntime, onnx.reference, tunaflow's reference and its library."""
+    """Outputs by who computed them: onnxruntime, onnx.reference, tunaflow's reference and its library; when int8
+    anchors have tasks (templates), also the library built with their generated loop kernels instead."""
     graph = optimize(load_model(model))
-    out = tmp_path / f"lib-{len(list(tmp_path.iterdir()))}"
-    build_library(graph, target or Target.host(), out)
     names = [o.name for o in model.graph.output]
-    return {"onnxruntime": onnxruntime_run(model, feeds),
-            "onnx.reference": dict(zip(names, ReferenceEvaluator(model).run(None, feeds), strict=True)),
-            "tunaflow reference": run(graph, feeds), "tunaflow library": load(out).run(**feeds)}
+    results = {"onnxruntime": onnxruntime_run(model, feeds),
+               "onnx.reference": dict(zip(names, ReferenceEvaluator(model).run(None, feeds), strict=True)),
+               "tunaflow reference": run(graph, feeds)}
+    builds = {"tunaflow library": graph}
+    if any(n.task is not None for n in graph.nodes):
+        builds["tunaflow loop kernels"] = replace(graph, nodes=[replace(n, task=None) for n in graph.nodes])
+    for who, g in builds.items():
+        out = tmp_path / f"lib-{len(list(tmp_path.iterdir()))}"
+        build_library(g, target or Target.host(), out)
+        results[who] = load(out).run(**feeds)
+    return results
 
 
 def _ties(scale: np.ndarray, shape: tuple[int, ...], seed: int) -> np.ndarray:
@@ -114,7 +123,7 @@ def test_qdq_conv_becomes_one_qconv2d_matching_onnxruntime_exactly(tmp_path, x_d
     graph = optimize(load_model(model))
     assert [n.op for n in graph.nodes] == ["qconv2d", "DequantizeLinear"]
     anchor = graph.nodes[0]
-    assert anchor.task is None and anchor.attrs["x_zero_point"] == zx and anchor.attrs["x_dtype"] == x_dtype
+    assert anchor.attrs["x_zero_point"] == zx and anchor.attrs["x_dtype"] == x_dtype
     assert [graph.constants[i].dtype for i in anchor.inputs[1:]] == [np.int8, np.int32, np.float32]
     assert anchor.attrs["epilogue"] == ([{"kind": "relu"}] if relu else [])
     results = _everyone(model, feeds, tmp_path)
@@ -156,7 +165,8 @@ def test_qdq_gemm_and_matmul_become_qdense(tmp_path):
     want = results.pop("onnxruntime")["y"].astype(int)
     for who, got in results.items():
         assert np.abs(got["y"].astype(int) - want).max() <= 1, who
-    np.testing.assert_array_equal(results["tunaflow library"]["y"], results["tunaflow reference"]["y"])
+    for who in ("tunaflow library", "tunaflow loop kernels"):
+        np.testing.assert_array_equal(results[who]["y"], results["tunaflow reference"]["y"], err_msg=who)
 
 
 def test_qlinear_conv_and_matmul_nodes(tmp_path):

@@ -33,11 +33,16 @@ def widen(b: ir.IRBuilder, v: ir.Value, dtype: str) -> ir.Value:
     return b.zext(v, I32) if dtype == "uint8" else b.sext(v, I32)
 
 
-def saturate(b: ir.IRBuilder, x: ir.Value, dtype: str, lo: int | None = None, hi: int | None = None) -> ir.Value:
-    """A float already rounded, clamped to [lo, hi] (default: the type's range) and converted (NaN -> 0)."""
+def saturate(b: ir.IRBuilder, x: ir.Value, dtype: str, lo: int | None = None, hi: int | None = None,
+             finite: bool = False) -> ir.Value:
+    """A float already rounded, clamped to [lo, hi] (default: the type's range) and converted (NaN -> 0). A value
+    known `finite` (computed from integers) converts with a plain fptosi, which LLVM vectorises."""
     tlo, thi = limits(dtype)
     x = select_min(b, select_max(b, x, f32(tlo if lo is None else lo)), f32(thi if hi is None else hi))
-    as_int = b.call(intrinsic(b.module, "llvm.fptosi.sat.i32.f32", I32, [F32]), [x])
+    if finite:
+        as_int = b.fptosi(x, I32)
+    else:
+        as_int = b.call(intrinsic(b.module, "llvm.fptosi.sat.i32.f32", I32, [F32]), [x])
     return b.trunc(as_int, I8) if dtype in ("uint8", "int8") else as_int
 
 
@@ -173,7 +178,7 @@ def _conv_loops(ctx: OpCtx, x: ir.Value, x_dtype: str, zx: int, w: ir.Value, w_d
 
 
 def _requantize(b: ir.IRBuilder, acc: ir.Value, scale: ir.Value, zy: int, dtype: str, lo: int, hi: int) -> ir.Value:
-    return saturate(b, b.fadd(roundeven(b, b.fmul(b.sitofp(acc, F32), scale)), f32(zy)), dtype, lo, hi)
+    return saturate(b, b.fadd(roundeven(b, b.fmul(b.sitofp(acc, F32), scale)), f32(zy)), dtype, lo, hi, finite=True)
 
 
 def _clamps(ctx: OpCtx) -> tuple[int, int]:
@@ -309,7 +314,7 @@ def qadd(ctx: OpCtx) -> None:
     def fn(b: ir.IRBuilder, v: list[ir.Value]) -> ir.Value:
         x, y = (b.sitofp(widen(b, val, d), F32) for val, d in zip(v, (da, db), strict=True))
         fma = intrinsic(b.module, "llvm.fma.f32", F32, [F32] * 3)
-        return saturate(b, roundeven(b, b.call(fma, [x, ra, b.call(fma, [y, rb, offset])])), dtype)
+        return saturate(b, roundeven(b, b.call(fma, [x, ra, b.call(fma, [y, rb, offset])])), dtype, finite=True)
     strides = contiguous_strides(shape)
     emit_map(ctx.b, shape, Operand(ctx.out(), strides), [Operand(ctx.inp(0), strides), Operand(ctx.inp(1), strides)],
              fn)
