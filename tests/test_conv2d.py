@@ -440,3 +440,9 @@ def test_a_padded_output_refuses_y_shaped_epilogue_operands():
                               parse_epilogue("bias,residual_add"))
     with pytest.raises(ValueError, match="Y-shaped epilogue operands"):
         conv2d.build_ir(task, conv2d.default_config(task, HOST).knobs, HOST, 1, conv2d.Halo(y_pad=(1, 1, 1, 1)))
+
+
+def test_1x1_channel_tiles_take_one_row_of_pixels_on_a_tie():
+    for x, oc, s in (((1, 256, 56, 56), 64, 1), ((1, 256, 56, 56), 512, 2)):  # 28 pixels of one row, not 2 x 14
+        knobs = conv2d.default_config(conv2d.conv2d_task(x, (oc, x[1], 1, 1), (s, s)), preset("x86-64-avx512")).knobs
+        assert (knobs["axis"], knobs["mr"], knobs["nw"], knobs["rh"]) == ("oc", 16, 2, 1), knobs
