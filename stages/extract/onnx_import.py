@@ -113,7 +113,8 @@ def load_model(model: str | Path | onnx.ModelProto, input_shapes: dict[str, tupl
     for node in nodes:
         for out in node.outputs:
             values[out] = Value(out, ctx.shapes[out], ctx.dtypes[out])
-    constants = {k: np.ascontiguousarray(v, dtype=stored(v.dtype)).reshape(v.shape) for k, v in consts.items()  # 0-d stays 0-d
+    # reshape: ascontiguousarray makes a 0-d constant 1-d; it stays 0-d
+    constants = {k: np.ascontiguousarray(v, dtype=stored(v.dtype)).reshape(v.shape) for k, v in consts.items()
                  if k in live}
     for k, v in constants.items():
         values[k] = Value(k, v.shape, v.dtype.name)
