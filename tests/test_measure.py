@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import resource
 import statistics
 
 import numpy as np
@@ -18,8 +19,14 @@ from stages.tune.loop import tune_task
 
 
 def run_in_process(build, **options):
+    """The worker's run in this process; the data limit it sets for a kernel is undone afterwards, or every later
+    test in the session would run under it (a 4 GiB limit made the ViT zoo test fail with MemoryError)."""
     req = worker.RunRequest(build.task, build.target, dict(build.config.knobs), build.obj, MeasureOptions(**options))
-    return worker.run(req, worker._TaskData())
+    limit = resource.getrlimit(resource.RLIMIT_DATA)
+    try:
+        return worker.run(req, worker._TaskData())
+    finally:
+        resource.setrlimit(resource.RLIMIT_DATA, limit)
 
 
 def test_builder_turns_invalid_configs_and_timeouts_into_records(host):
