@@ -268,9 +268,9 @@ def _anchor(graph: Graph, node: Node, choice: Choice, target: Target, threads: i
             raise BuildError(f"node {node.name!r}: input {name!r} has {size} elements, the task expects {spec.shape}")
     arrays = _operands(graph, inputs, specs, 0)
     args = tpl.kernel_args(task, knobs, arrays, **layout)
-    # An argument packed from run-time data cannot be baked into the weights. Float placeholders are NaN, which
+    # An argument packed from run-time data cannot be baked into the weights. Float stand-ins are NaN, which
     # survives packing; integer ones cannot be told apart by value, so the operands are packed a second time
-    # from other placeholders and any argument that changes depends on them.
+    # from other stand-in values and any argument that changes depends on them.
     integer = any(s.dtype != "float32" and n not in graph.constants for n, s in zip(inputs, specs, strict=True))
     again = tpl.kernel_args(task, knobs, _operands(graph, inputs, specs, 1), **layout) if integer else None
     slots: list[str] = []
@@ -307,7 +307,7 @@ def _anchor(graph: Graph, node: Node, choice: Choice, target: Target, threads: i
 
 
 def _operands(graph: Graph, inputs: list[str], specs, fill: int) -> list[np.ndarray]:
-    """The anchor's operands in the task's dtypes: constants as they are, run-time ones as placeholders
+    """The anchor's operands in the task's dtypes: constants as they are, run-time ones as stand-in values
     (NaN for floats; `fill` for integers)."""
     out = []
     for name, spec in zip(inputs, specs, strict=True):

@@ -15,12 +15,12 @@ from llvmlite import ir
 
 from schemas.config import Config
 from schemas.target import Target
-from schemas.task import TuningTask, parse_epilogue
+from schemas.task import TuningTask
 from stages.codegen.harness import add_harness
 from stages.graph import epilogue
 from stages.templates.conv2d_kernel import build
 from stages.templates.conv2d_plan import Plan
-from stages.templates.conv2d_shape import conv2d_task, geom, parse_pads, parse_pair
+from stages.templates.conv2d_shape import conv2d_task, conv_cli_args, geom
 from stages.templates.conv2d_shape import reference as _reference
 from stages.templates.space import ConfigSpace, Knob, Knobs, first_valid
 
@@ -59,17 +59,7 @@ CLI_OPTIONS = ("input", "weight", "stride", "pad", "dilation", "groups", "epilog
 
 def task_from_cli(opts: dict) -> TuningTask:
     """`tune-op conv2d --input 1x64x56x56 --weight 64x64x3x3 --stride 1 --pad 1 --groups 1 --epilogue bias,relu`."""
-    missing = [f"--{o}" for o in ("input", "weight") if opts.get(o) is None]
-    if missing:
-        raise ValueError(f"conv2d needs {', '.join(missing)}")
-    try:
-        x = tuple(int(d) for d in str(opts["input"]).lower().split("x"))
-        w = tuple(int(d) for d in str(opts["weight"]).lower().split("x"))
-    except ValueError as exc:
-        raise ValueError(f"--input and --weight are shapes like 1x64x56x56: {exc}") from exc
-    return conv2d_task(x, w, parse_pair(opts.get("stride"), 1), parse_pads(opts.get("pad")),
-                       parse_pair(opts.get("dilation"), 1), int(opts.get("groups") or 1),
-                       parse_epilogue(opts.get("epilogue") or ""))
+    return conv2d_task(*conv_cli_args(opts, "conv2d"))
 
 
 @dataclass(frozen=True)

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from schemas.task import EpilogueOp, TensorSpec, TuningTask
+from schemas.task import EpilogueOp, TensorSpec, TuningTask, parse_epilogue
 from stages.graph import epilogue
 
 
@@ -116,6 +116,21 @@ def parse_pads(text: str | int | None) -> tuple[int, int, int, int]:
         return parts  # type: ignore[return-value]
     ph, pw = parse_pair(s, 0)
     return ph, pw, ph, pw
+
+
+def conv_cli_args(opts: dict, op: str) -> tuple:
+    """`tune-op OP --input 1x64x56x56 --weight 64x64x3x3 [--stride] [--pad] [--dilation] [--groups] [--epilogue]`
+    → (x shape, w shape, strides, pads, dilations, groups, epilogue), the arguments of a conv task maker."""
+    missing = [f"--{o}" for o in ("input", "weight") if opts.get(o) is None]
+    if missing:
+        raise ValueError(f"{op} needs {', '.join(missing)}")
+    try:
+        x = tuple(int(d) for d in str(opts["input"]).lower().split("x"))
+        w = tuple(int(d) for d in str(opts["weight"]).lower().split("x"))
+    except ValueError as exc:
+        raise ValueError(f"--input and --weight are shapes like 1x64x56x56: {exc}") from exc
+    return (x, w, parse_pair(opts.get("stride"), 1), parse_pads(opts.get("pad")), parse_pair(opts.get("dilation"), 1),
+            int(opts.get("groups") or 1), parse_epilogue(opts.get("epilogue") or ""))
 
 
 def reference(task: TuningTask, inputs: list[np.ndarray]) -> np.ndarray:

@@ -16,9 +16,9 @@ from llvmlite import ir
 
 from schemas.config import Config
 from schemas.target import Target
-from schemas.task import EpilogueOp, TensorSpec, TuningTask, parse_epilogue
+from schemas.task import EpilogueOp, TensorSpec, TuningTask
 from stages.templates import qgemm_requant
-from stages.templates.conv2d_shape import conv2d_task, geom, parse_pads, parse_pair
+from stages.templates.conv2d_shape import conv2d_task, conv_cli_args, geom
 from stages.templates.qconv2d_codegen import build_module
 from stages.templates.qconv2d_plan import QConvPlan, QConvSchedule
 from stages.templates.qconv2d_schedule import default_qconv, qconv_space
@@ -57,17 +57,7 @@ def task(x_shape: tuple[int, ...], w_shape: tuple[int, ...], strides: tuple[int,
 def task_from_cli(opts: dict) -> TuningTask:
     """`tune-op qconv2d --input 1x64x56x56 --weight 64x64x3x3 --stride 1 --pad 1 --groups 1 --epilogue relu`:
     uint8 activations, zero points 0 (they change no instruction the kernel runs)."""
-    missing = [f"--{o}" for o in ("input", "weight") if opts.get(o) is None]
-    if missing:
-        raise ValueError(f"qconv2d needs {', '.join(missing)}")
-    try:
-        x = tuple(int(d) for d in str(opts["input"]).lower().split("x"))
-        w = tuple(int(d) for d in str(opts["weight"]).lower().split("x"))
-    except ValueError as exc:
-        raise ValueError(f"--input and --weight are shapes like 1x64x56x56: {exc}") from exc
-    return task(x, w, parse_pair(opts.get("stride"), 1), parse_pads(opts.get("pad")),
-                parse_pair(opts.get("dilation"), 1), int(opts.get("groups") or 1),
-                parse_epilogue(opts.get("epilogue") or ""))
+    return task(*conv_cli_args(opts, "qconv2d"))
 
 
 def space(task: TuningTask, target: Target) -> ConfigSpace:
