@@ -1,9 +1,11 @@
 """Output shapes and element types of the quantized ops, normalised (stages/extract/quant.py) or canonical
-(`qconv2d`, `qdense`: stages/graph/passes_quant.py), for the importer's static inference."""
+(`qconv2d`, `qdense`, ...: stages/graph/passes_quant*.py), for the importer's static inference."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
+
+import numpy as np
 
 from stages.graph.reference import pool_out
 from stages.graph.reference_quant import pool_shape
@@ -44,6 +46,10 @@ SHAPES: dict[str, Callable[[list[Shape], dict], list[Shape]]] = {
     "qdense": _qdense_shape,
     "qadd": lambda s, a: [s[0]],
     "qavgpool": lambda s, a: [(*s[0][:-2], *pool_shape(*s[0][-2:], a))],
+    "qlut": lambda s, a: [s[0]],
+    "qmul": lambda s, a: [tuple(int(d) for d in np.broadcast_shapes(s[0], s[1]))],
+    "qmean": lambda s, a: [(*s[0][:2], 1, 1)],
+    "qbatchnorm": lambda s, a: [s[0]],
 }
 
 DTYPES: dict[str, Callable[[list[str], dict], list[str]]] = {
@@ -56,4 +62,5 @@ DTYPES: dict[str, Callable[[list[str], dict], list[str]]] = {
     "qdense": lambda ins, a: [a["y_dtype"]],
     "qadd": lambda ins, a: [a["y_dtype"]],
     "qavgpool": lambda ins, a: [a["y_dtype"]],
+    **{op: (lambda ins, a: [a["y_dtype"]]) for op in ("qlut", "qmul", "qmean", "qbatchnorm")},
 }

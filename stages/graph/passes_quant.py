@@ -9,7 +9,8 @@
 2. Int8 memory-bound ops: DequantizeLinear -> MaxPool / Reshape / Flatten / Concat -> QuantizeLinear whose
    scales and zero points all agree reads and writes the integers directly (exact: max and copies commute
    with a monotone affine map); DQ(a) + DQ(b) -> Q is one `qadd` and DQ -> AveragePool -> Q one `qavgpool`
-   (onnxruntime's QLinearAdd and QLinearAveragePool arithmetic).
+   (onnxruntime's QLinearAdd and QLinearAveragePool arithmetic); Sigmoid, Mul, ReduceMean and
+   BatchNormalization between DQ and Q become `qlut`, `qmul`, `qmean`, `qbatchnorm` (passes_quant_islands.py).
 3. Every DequantizeLinear of constants left becomes a float constant; every other Q/DQ runs as a
    memory-bound kernel, and whatever lies between them (a residual Add, pooling, activations) in float.
 
@@ -24,7 +25,7 @@ import math
 import numpy as np
 
 from stages.graph.ir import Graph, Node, Value
-from stages.graph.reference_quant import dequantize, limits, quantize
+from stages.graph.reference_quant import dequantize, fma32, limits, quantize
 
 ANCHOR_OPS = ("Conv", "Gemm", "MatMul")
 INT8_MEMORY_OPS = ("MaxPool", "Reshape", "Flatten", "Concat")
@@ -39,6 +40,9 @@ def quantize_graph(g: Graph) -> None:
         _average_pool(g, node)
     for node in [n for n in g.nodes if n.op in INT8_MEMORY_OPS]:
         _memory_op(g, node)
+    from stages.graph.passes_quant_islands import quantize_islands  # it builds on this module's helpers
+
+    quantize_islands(g)
     _fold_constant_dequantize(g)
 
 
@@ -220,10 +224,10 @@ def _clamp(op: Node, sy: float, zy: int, dtype: str) -> dict:
 
 def _add(g: Graph, node: Node) -> None:
     """DQ(a) + DQ(b) -> Q of equal shapes: `qadd`, y = saturate(round(fma(a, ra, fma(b, rb, offset)))) with
-    ra = sa / sy, rb = sb / sy, offset = zy - (ra * za + rb * zb), all float32: how onnxruntime's fused
-    QLinearAdd rounds on x86, matched element for element on every residual add of the quantized ResNet-50 and
-    MobileNetV2 and on every pair of uint8 values in a test (other orders of the operations miss a few; the float
-    DQ, Add, Q of ONNX's definition misses by a step now and then)."""
+    ra = sa / sy, rb = sb / sy, offset = zy - fma(ra, za, rb * zb), all float32: how onnxruntime's fused
+    QLinearAdd rounds on x86 (its AVX2 kernel; the compiler contracts the offset's multiply-add into an fma),
+    matched on every pair of uint8 values for hundreds of random scales in tests (a plain multiply-add offset
+    misses one scale set in twenty by a step; the float DQ, Add, Q of ONNX's definition misses now and then)."""
     prod, users = g.producer(), g.consumers()
     dqs = [_run_time_dq(g, i, prod) for i in node.inputs]
     q = g.sole_consumer(node.outputs[0], users)
@@ -236,7 +240,7 @@ def _add(g: Graph, node: Node) -> None:
     (sa, za, _), (sb, zb, _), (sy, zy, _) = (_qparams(g, n) for n in (*dqs, q))
     f = np.float32
     ra, rb = f(sa[0]) / f(sy[0]), f(sb[0]) / f(sy[0])
-    offset = f(zy[0]) - (ra * f(za[0]) + rb * f(zb[0]))
+    offset = f(zy[0]) - fma32(ra, f(za[0]), rb * f(zb[0]))
     attrs = {"a_ratio": float(ra), "b_ratio": float(rb), "offset": float(offset), "y_dtype": y_dtype}
     new = Node(node.name, "qadd", [a, b], list(q.outputs), attrs)
     g.nodes = [new if n is node else n for n in g.nodes if n is not q]

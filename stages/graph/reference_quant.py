@@ -1,6 +1,8 @@
 """The numpy reference of the quantized ops (normalised as stages/extract/quant.py says), of the canonical int8
-anchors `qconv2d` / `qdense` and of the int8 `qadd` (stages/graph/passes_quant.py), with ONNX's arithmetic:
-float32 division by the scale, round half to even, saturation; integer products accumulated exactly.
+anchors `qconv2d` / `qdense`, of the int8 `qadd` / `qavgpool` (stages/graph/passes_quant.py) and of the islands
+`qlut` / `qmul` / `qmean` / `qbatchnorm` (passes_quant_islands.py), with ONNX's arithmetic: float32 division by
+the scale, round half to even, saturation; integer products accumulated exactly; and where onnxruntime's
+kernels round otherwise, their float32 operations in their order.
 
 Canonical anchors: inputs [X (uint8|int8), W (int8), B (int32, [N]), S (float32, [N])], attrs `x_zero_point`,
 `y_zero_point`, `x_dtype`, `y_dtype`, `epilogue` (a list of {"kind": "relu"} / {"kind": "clip", "min": q,
@@ -169,8 +171,154 @@ def pool_shape(h: int, w: int, a: dict) -> tuple[int, int]:
     return pool_out(h, kh, sh, pt, pb, 1, ceil), pool_out(w, kw, sw, pl, pr, 1, ceil)
 
 
+# --- float islands between DQ and Q, as onnxruntime computes them (passes_quant_islands.py) ------------------
+
+_LOGISTIC = {k: np.float32(v) for k, v in (
+    ("lo", -18.0), ("hi", 18.0), ("a9", 4.37031012579801e-11), ("a7", 1.15627324459942e-07),
+    ("a5", 6.08574864600143e-05), ("a3", 8.51377133304701e-03), ("a1", 2.48287947061529e-01),
+    ("b10", 6.10247389755681e-13), ("b8", 5.76102136993427e-09), ("b6", 6.29106785017040e-06),
+    ("b4", 1.70198817374094e-03), ("b2", 1.16817656904453e-01), ("b0", 9.93151921023180e-01))}
+
+
+def fma32(a: np.ndarray, b: np.ndarray, c: np.ndarray) -> np.ndarray:
+    """float32 fused multiply-add rounded once: a * b is exact in float64, TwoSum gives the error of adding c,
+    and a float64 sum that lands on a float32 tie is moved toward the exact value before the final rounding."""
+    a, b, c = (np.asarray(v, np.float32).astype(np.float64) for v in (a, b, c))
+    p = a * b
+    s = p + c
+    t = s - p
+    err = (p - (s - t)) + (c - t)
+    r = s.astype(np.float32)
+    up, down = np.nextafter(r, np.float32(np.inf)), np.nextafter(r, np.float32(-np.inf))
+    tie_up = (s == (r.astype(np.float64) + up) / 2) & (err > 0)
+    tie_down = (s == (r.astype(np.float64) + down) / 2) & (err < 0)
+    return np.where(tie_up, up, np.where(tie_down, down, r)).astype(np.float32)
+
+
+def mlas_logistic(x: np.ndarray) -> np.ndarray:
+    """onnxruntime's MlasComputeLogistic (its x86-64 FMA3 kernel): x clamped to [-18, 18], the odd/even rational
+    polynomial of Eigen's logistic evaluated by fused multiply-adds, p / q + 0.5, clamped at 0."""
+    c = _LOGISTIC
+    x = np.minimum(np.maximum(np.asarray(x, np.float32), c["lo"]), c["hi"])
+    x2 = x * x
+    p = fma32(x2, c["a9"], c["a7"])
+    for k in ("a5", "a3", "a1"):
+        p = fma32(x2, p, c[k])
+    q = fma32(x2, c["b10"], c["b8"])
+    for k in ("b6", "b4", "b2", "b0"):
+        q = fma32(x2, q, c[k])
+    return np.maximum((x * p) / q + np.float32(0.5), np.float32(0))
+
+
+LUT_FUNCTIONS: dict[str, Callable[[np.ndarray], np.ndarray]] = {"Sigmoid": mlas_logistic}
+
+
+def lookup_table(fn: str, sx: float, zx: int, sy: float, zy: int, dtype: str) -> np.ndarray:
+    """The 256 outputs (as uint8 bytes, indexed by the input's byte) of onnxruntime's QLinear lookup-table kernel:
+    every input value dequantized as float32 sx * (q - zx), `fn` applied, quantized by sy, zy."""
+    q = np.arange(256, dtype=np.uint8).view(dtype).astype(np.int32)
+    y = LUT_FUNCTIONS[fn](np.float32(sx) * (q - int(zx)).astype(np.float32))
+    return quantize(y, np.array(sy), np.array(zy), None, dtype).view(np.uint8)
+
+
+def _qlut(args: list[np.ndarray], a: dict) -> list[np.ndarray]:
+    x, table = args
+    return [table[x.view(np.uint8)].view(a["y_dtype"])]
+
+
+def _qmul(args: list[np.ndarray], a: dict) -> list[np.ndarray]:
+    """onnxruntime's QLinearMul: y = saturate(round(float32((a - za) * (b - zb)) * ratio + zy)), float32 each step,
+    ratio = sa * sb / sy."""
+    x, y = args
+    prod = ((x.astype(np.int32) - int(a["a_zero_point"])) * (y.astype(np.int32) - int(a["b_zero_point"])))
+    total = prod.astype(np.float32) * np.float32(a["ratio"]) + np.float32(a["y_zero_point"])
+    lo, hi = limits(a["y_dtype"])
+    return [np.clip(np.rint(total), lo, hi).astype(a["y_dtype"])]
+
+
+def eigen_sum(v: np.ndarray, offsets: np.ndarray) -> np.ndarray:
+    """Eigen's vectorised float32 sum (SSE, 4 lanes) of each column of v [K, M], column m starting `offsets[m]`
+    floats past a 64-byte boundary: scalar head up to 16-byte alignment, two packet accumulators over pairs of
+    packets, one more packet, the lanes added as (l0 + l2) + (l1 + l3), then the head and the tail in order."""
+    k = v.shape[0]
+    out = np.empty(v.shape[1:], np.float32)
+    for m in range(v.shape[1]):
+        col = v[:, m]
+        start = (-int(offsets[m])) % 4 if k >= 4 else k
+        packets = (k - start) // 4
+        if packets == 0:
+            acc = col[0]
+            for i in range(1, k):
+                acc = np.float32(acc + col[i])
+            out[m] = acc
+            continue
+        end2, end = start + (packets // 2) * 8, start + packets * 4
+        p0 = col[start:start + 4].copy()
+        if packets > 1:
+            p1 = col[start + 4:start + 8].copy()
+            for i in range(start + 8, end2, 8):
+                p0, p1 = p0 + col[i:i + 4], p1 + col[i + 4:i + 8]
+            p0 = p0 + p1
+            if end > end2:
+                p0 = p0 + col[end2:end2 + 4]
+        acc = np.float32(np.float32(p0[0] + p0[2]) + np.float32(p0[1] + p0[3]))
+        for i in (*range(start), *range(end, k)):
+            acc = np.float32(acc + col[i])
+        out[m] = acc
+    return out
+
+
+def sum_by_fours(v: np.ndarray) -> np.ndarray:
+    """MLAS's M=1 SGEMM kernel summing the rows of v [K, M]: each group of four rows added in order, the group
+    then added to the total; the last two rows, then the last one, likewise."""
+    k, total, i = v.shape[0], None, 0
+    for size in [4] * (v.shape[0] // 4) + [2] * ((k % 4) // 2) + [1] * (k % 2):
+        group = v[i].copy()
+        for j in range(i + 1, i + size):
+            group = group + v[j]
+        total = group if total is None else group + total
+        i += size
+    return total
+
+
+def _qmean(args: list[np.ndarray], a: dict) -> list[np.ndarray]:
+    """DQ -> ReduceMean over the two spatial axes -> Q as onnxruntime runs it: the dequantized values summed in
+    float32 in its order (`nhwc`: a product with a ones vector, which sums each channel over the positions in
+    order for one image and by fours (sum_by_fours, its M=1 SGEMM kernel) for a batch; `nchw`: Eigen's
+    vectorised sum of each plane, eigen_sum), divided by the count, quantized."""
+    x = args[0]
+    n, c, h, w = x.shape
+    xf = np.float32(a["x_scale"]) * (x.astype(np.int32) - int(a["x_zero_point"])).astype(np.float32)
+    planes = xf.reshape(n * c, h * w).T
+    if a["order"] == "nhwc" and n == 1:
+        acc = planes[0].copy()
+        for i in range(1, h * w):
+            acc = acc + planes[i]
+    elif a["order"] == "nhwc":
+        acc = sum_by_fours(planes)
+    else:
+        acc = eigen_sum(planes, np.arange(n * c) * (h * w))
+    mean = (acc / np.float32(h * w)).reshape(n, c, 1, 1)
+    return [quantize(mean, np.array(a["y_scale"]), np.array(a["y_zero_point"]), None, a["y_dtype"])]
+
+
+def _qbatchnorm(args: list[np.ndarray], a: dict) -> list[np.ndarray]:
+    """DQ -> BatchNormalization -> [Relu] -> Q as onnxruntime runs it: y = float32(x * scale[c]) + bias[c] (its
+    folded scale and bias, passes_quant_islands.py), quantized, then the Relu as a clamp at the zero point."""
+    x, scale, bias = args
+    shape = (1, -1) + (1,) * (x.ndim - 2)
+    xf = np.float32(a["x_scale"]) * (x.astype(np.int32) - int(a["x_zero_point"])).astype(np.float32)
+    y = xf * scale.reshape(shape) + bias.reshape(shape)
+    q = quantize(y, np.array(a["y_scale"]), np.array(a["y_zero_point"]), None, a["y_dtype"])
+    return [np.maximum(q, q.dtype.type(a["y_zero_point"])) if a["relu"] else q]
+
+
 QUANT_OPS: dict[str, OpFn] = {
     "qavgpool": _qavgpool,
+    "qlut": _qlut,
+    "qmul": _qmul,
+    "qmean": _qmean,
+    "qbatchnorm": _qbatchnorm,
     "qadd": _qadd,
     "QuantizeLinear": lambda args, a: [quantize(args[0], args[1], args[2], a["axis"], a["dtype"])],
     "DequantizeLinear": lambda args, a: [dequantize(args[0], args[1], args[2], a["axis"])],

@@ -1,0 +1,166 @@
+"""Float islands between a DequantizeLinear and a QuantizeLinear, as onnxruntime computes them (part of the quant
+pass, passes_quant.py). Computing them in float as ONNX defines them rounds differently from onnxruntime's kernels
+now and then; one step flipped inside a network reaches the logits as several, so each island becomes an int8
+node with onnxruntime's arithmetic (reference_quant.py gives it; tests/test_quant_islands.py checks it bit for bit):
+
+- DQ -> Sigmoid -> Q: `qlut`, the 256-entry table QLinearSigmoid builds (MLAS's logistic polynomial).
+- DQ(a) * DQ(b) -> Q (numpy broadcasting): `qmul`, QLinearMul's float32 rounding.
+- DQ -> ReduceMean over H, W (keepdims) -> [Reshape] -> Q: `qmean`; onnxruntime keeps it in float, summing in
+  the order of the layout it runs the tensor in (`_layout`): NHWC inside a squeeze-excite block (a running sum
+  per channel), NCHW before the classifier (Eigen's vectorised sum of each plane).
+- DQ -> BatchNormalization -> [Relu] -> Q: `qbatchnorm`, its float kernel: x * scale' + bias' with the scale and
+  bias folded in float32 (scale / sqrt(var + eps), bias - mean * scale').
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from stages.graph.ir import Graph, Node, Value
+from stages.graph.passes_quant import _const, _qparams, _run_time_dq
+from stages.graph.reference_quant import LUT_FUNCTIONS, lookup_table
+
+# Ops the layout search walks through to the ops that decide onnxruntime's layout of a ReduceMean.
+_LAYOUT_NEUTRAL = ("QuantizeLinear", "DequantizeLinear", "qadd", "qmul", "qlut", "Relu", "Clip")
+_NHWC_OPS = ("qconv2d", "qavgpool", "MaxPool", "Conv")
+
+
+def quantize_islands(g: Graph) -> None:
+    for node in [n for n in g.nodes if n.op in LUT_FUNCTIONS]:
+        _lookup(g, node)
+    for node in [n for n in g.nodes if n.op == "Mul"]:
+        _mul(g, node)
+    for node in [n for n in g.nodes if n.op == "BatchNormalization"]:
+        _batch_norm(g, node)
+    for node in [n for n in g.nodes if n.op == "ReduceMean"]:
+        _reduce_mean(g, node)
+
+
+def _island(g: Graph, node: Node, inputs: int = 1) -> tuple[list[Node], Node] | None:
+    """The per-tensor run-time DequantizeLinear nodes feeding `node`'s first `inputs` inputs and the per-tensor
+    QuantizeLinear that alone reads its output, if that is the pattern."""
+    prod, users = g.producer(), g.consumers()
+    dqs = [_run_time_dq(g, i, prod) for i in node.inputs[:inputs]]
+    q = g.sole_consumer(node.outputs[0], users)
+    if q is None or q.op != "QuantizeLinear" or q.attrs.get("axis") is not None or any(d is None for d in dqs):
+        return None
+    return dqs, q  # type: ignore[return-value]
+
+
+def _params(g: Graph, dq: Node, q: Node) -> dict:
+    (sx, zx, _), (sy, zy, _) = _qparams(g, dq), _qparams(g, q)
+    return {"x_scale": float(sx[0]), "x_zero_point": int(zx[0]), "y_scale": float(sy[0]),
+            "y_zero_point": int(zy[0]), "y_dtype": g.constants[q.inputs[2]].dtype.name}
+
+
+def _replace(g: Graph, node: Node, new: Node, gone: list[Node]) -> None:
+    dead = {id(n) for n in gone}
+    g.nodes = [new if n is node else n for n in g.nodes if id(n) not in dead]
+
+
+def _lookup(g: Graph, node: Node) -> None:
+    found = _island(g, node)
+    if found is None:
+        return
+    (dq,), q = found
+    p = _params(g, dq, q)
+    if g.values[dq.inputs[0]].dtype != p["y_dtype"]:
+        return
+    table = lookup_table(node.op, p["x_scale"], p["x_zero_point"], p["y_scale"], p["y_zero_point"], p["y_dtype"])
+    new = Node(node.name, "qlut", [dq.inputs[0], _const(g, f"{node.name}.table", table)], list(q.outputs),
+               {"fn": node.op, "y_dtype": p["y_dtype"]})
+    _replace(g, node, new, [q])
+
+
+def _mul(g: Graph, node: Node) -> None:
+    found = _island(g, node, 2)
+    if found is None:
+        return
+    (da, db), q = found
+    a, b = (d.inputs[0] for d in (da, db))
+    pa, pb = _params(g, da, q), _params(g, db, q)
+    if {g.values[a].dtype, g.values[b].dtype} != {pa["y_dtype"]}:
+        return
+    f = np.float32
+    ratio = f(pa["x_scale"]) * f(pb["x_scale"]) / f(pa["y_scale"])
+    attrs = {"a_zero_point": pa["x_zero_point"], "b_zero_point": pb["x_zero_point"], "ratio": float(ratio),
+             "y_zero_point": pa["y_zero_point"], "y_dtype": pa["y_dtype"]}
+    _replace(g, node, Node(node.name, "qmul", [a, b], list(q.outputs), attrs), [q])
+
+
+def _batch_norm(g: Graph, node: Node) -> None:
+    prod, users = g.producer(), g.consumers()
+    dq = _run_time_dq(g, node.inputs[0], prod)
+    after = g.sole_consumer(node.outputs[0], users)
+    relu = after is not None and after.op == "Relu"
+    q = g.sole_consumer(after.outputs[0], users) if relu else after
+    if dq is None or q is None or q.op != "QuantizeLinear" or q.attrs.get("axis") is not None \
+            or any(i not in g.constants for i in node.inputs[1:5]) or len(g.values[dq.inputs[0]].shape) < 3:
+        return
+    f = np.float32
+    scale, bias, mean, var = (g.constants[i].astype(f).reshape(-1) for i in node.inputs[1:5])
+    inv_std = f(1) / np.sqrt(var + f(node.attrs.get("epsilon", 1e-5)))
+    folded = inv_std * scale
+    shift = bias - mean * folded
+    p = _params(g, dq, q)
+    new = Node(node.name, "qbatchnorm", [dq.inputs[0], _const(g, f"{node.name}.scale", folded.astype(f)),
+                                         _const(g, f"{node.name}.bias", shift.astype(f))], list(q.outputs),
+               {**p, "relu": int(relu)})
+    _replace(g, node, new, [q, after] if relu else [q])
+
+
+def _reduce_mean(g: Graph, node: Node) -> None:
+    """Also DQ -> ReduceMean -> Reshape / Flatten -> Q (the global pool before a classifier): the reshape then
+    moves the integers (quantizing commutes with it; onnxruntime moves its Q up the same way)."""
+    users = g.consumers()
+    reshape = g.sole_consumer(node.outputs[0], users)
+    if reshape is None or reshape.op not in ("Reshape", "Flatten"):
+        reshape = None
+    found = _island(g, node) if reshape is None else _island_through(g, node, reshape)
+    if found is None:
+        return
+    (dq,), q = found
+    shape = g.values[dq.inputs[0]].shape
+    if len(shape) != 4 or list(node.attrs["axes"]) != [2, 3] or not node.attrs.get("keepdims", 1):
+        return
+    attrs = {**_params(g, dq, q), "order": "nchw" if reshape is not None else _layout(g, dq, q.outputs[0])}
+    if reshape is None:
+        _replace(g, node, Node(node.name, "qmean", [dq.inputs[0]], list(q.outputs), attrs), [q])
+        return
+    mean = node.outputs[0]
+    g.values[mean] = Value(mean, g.values[mean].shape, attrs["y_dtype"])
+    reshape.outputs = list(q.outputs)
+    _replace(g, node, Node(node.name, "qmean", [dq.inputs[0]], [mean], attrs), [q])
+
+
+def _island_through(g: Graph, node: Node, reshape: Node) -> tuple[list[Node], Node] | None:
+    """DQ -> node -> reshape -> Q: the DQ and the Q, as _island finds them around a single node."""
+    dq = _run_time_dq(g, node.inputs[0], g.producer())
+    q = g.sole_consumer(reshape.outputs[0], g.consumers())
+    if dq is None or q is None or q.op != "QuantizeLinear" or q.attrs.get("axis") is not None:
+        return None
+    return [dq], q
+
+
+def _layout(g: Graph, dq: Node, mean: str) -> str:
+    """The layout onnxruntime runs the mean in. It runs its int8 convolutions in NHWC and moves the transposes
+    back to NCHW as far down as they cancel: a mean whose result flows into another convolution (a squeeze-excite
+    gate) stays NHWC; one before a Reshape or Flatten (the classifier head) or after a BatchNormalization (its
+    NCHW float kernel) runs NCHW."""
+    prod, users = g.producer(), g.consumers()
+    node: Node | None = dq
+    while node is not None and node.op in _LAYOUT_NEUTRAL:
+        node = prod.get(node.inputs[0])
+    if node is None or node.op in ("qbatchnorm", "BatchNormalization"):
+        return "nchw"
+    name = mean
+    while True:
+        readers = users.get(name, [])
+        if not readers:
+            return "nchw"
+        if any(r.op in _NHWC_OPS for r in readers):
+            return "nhwc"
+        neutral = [r for r in readers if r.op in _LAYOUT_NEUTRAL]
+        if not neutral:
+            return "nchw"
+        name = neutral[0].outputs[0]

@@ -1,0 +1,165 @@
+"""Run-time kernels of the int8 islands onnxruntime computes its own way (stages/graph/passes_quant_islands.py;
+arithmetic in stages/graph/reference_quant.py): `qlut` (a 256-byte table lookup), `qmul` (QLinearMul),
+`qmean` (ReduceMean over H, W in onnxruntime's summation order) and `qbatchnorm`.
+
+Every float operation is a separate LLVM instruction without fast-math flags, so LLVM neither fuses a multiply
+and an add nor reorders a sum: the roundings are the ones onnxruntime's kernels make.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+
+from llvmlite import ir
+
+from stages.codegen.irb import F32, I32, add, for_range, gep, i64, mul
+from stages.memops.loops import Operand, broadcast_strides, contiguous_strides, emit_map, f32
+from stages.memops.opctx import OpCtx
+from stages.memops.quant import roundeven, saturate, widen
+
+I64 = ir.IntType(64)
+
+
+def _dequantized(ctx: OpCtx) -> Callable[[ir.IRBuilder, ir.Value], ir.Value]:
+    """x -> float32(x - zx) * sx, as onnxruntime's DequantizeLinear."""
+    sx, zx, dtype = f32(float(ctx.attr("x_scale"))), ir.Constant(I32, int(ctx.attr("x_zero_point"))), ctx.in_dtype()
+    return lambda b, v: b.fmul(b.sitofp(b.sub(widen(b, v, dtype), zx), F32), sx)
+
+
+def _quantized(ctx: OpCtx, b: ir.IRBuilder, y: ir.Value, lo: int | None = None) -> ir.Value:
+    """y -> saturate(round_half_even(y / sy) + zy), as onnxruntime's QuantizeLinear."""
+    sy, zy = f32(float(ctx.attr("y_scale"))), f32(float(ctx.attr("y_zero_point")))
+    return saturate(b, b.fadd(roundeven(b, b.fdiv(y, sy)), zy), ctx.attr("y_dtype"), lo=lo)
+
+
+def qlut(ctx: OpCtx) -> None:
+    """y = table[byte of x]."""
+    n = math.prod(ctx.out_shape())
+    table = ctx.inp(1)
+    flat = contiguous_strides((n,))
+
+    def fn(b: ir.IRBuilder, v: list[ir.Value]) -> ir.Value:
+        return b.load(gep(b, table, b.zext(v[0], I64)), align=1)
+    emit_map(ctx.b, (n,), Operand(ctx.out(), flat), [Operand(ctx.inp(0), flat)], fn)
+
+
+def qmul(ctx: OpCtx) -> None:
+    """y = saturate(round(float32((a - za) * (b - zb)) * ratio + zy)), a and b broadcast to y's shape."""
+    shape = ctx.out_shape()
+    za, zb = (ir.Constant(I32, int(ctx.attr(k))) for k in ("a_zero_point", "b_zero_point"))
+    ratio, zy, dtype = f32(float(ctx.attr("ratio"))), f32(float(ctx.attr("y_zero_point"))), ctx.attr("y_dtype")
+    da, db = ctx.in_dtype(0), ctx.in_dtype(1)
+
+    def fn(b: ir.IRBuilder, v: list[ir.Value]) -> ir.Value:
+        prod = b.mul(b.sub(widen(b, v[0], da), za), b.sub(widen(b, v[1], db), zb))
+        return saturate(b, roundeven(b, b.fadd(b.fmul(b.sitofp(prod, F32), ratio), zy)), dtype, finite=True)
+    ins = [Operand(ctx.inp(i), broadcast_strides(ctx.in_shape(i), shape)) for i in (0, 1)]
+    emit_map(ctx.b, shape, Operand(ctx.out(), contiguous_strides(shape)), ins, fn)
+
+
+def qbatchnorm(ctx: OpCtx) -> None:
+    """y = quantize(float32(dequantize(x) * scale[c]) + bias[c]), clamped at the zero point after a Relu."""
+    shape = ctx.out_shape()
+    per_channel = broadcast_strides((shape[1],) + (1,) * (len(shape) - 2), shape)
+    deq = _dequantized(ctx)
+    lo = int(ctx.attr("y_zero_point")) if ctx.attr("relu") else None
+
+    def fn(b: ir.IRBuilder, v: list[ir.Value]) -> ir.Value:
+        return _quantized(ctx, b, b.fadd(b.fmul(deq(b, v[0]), v[1]), v[2]), lo)
+    strides = contiguous_strides(shape)
+    emit_map(ctx.b, shape, Operand(ctx.out(), strides),
+             [Operand(ctx.inp(0), strides), Operand(ctx.inp(1), per_channel), Operand(ctx.inp(2), per_channel)], fn)
+
+
+def qmean(ctx: OpCtx) -> None:
+    """Per (image, channel) plane: the dequantized values summed in onnxruntime's order (`order` nhwc: in
+    position order for one image, by fours for a batch; nchw: Eigen's; reference_quant.py's _qmean), divided by
+    the count, quantized."""
+    n, c, h, w = ctx.in_shape()
+    k, planes = h * w, n * c
+    b, x, y = ctx.b, ctx.inp(), ctx.out()
+    deq = _dequantized(ctx)
+
+    def at(plane: ir.Value, i: ir.Value) -> ir.Value:
+        return deq(b, b.load(gep(b, x, add(b, mul(b, plane, i64(k)), i)), align=1))
+
+    def finish(plane: ir.Value, total: ir.Value) -> None:
+        b.store(_quantized(ctx, b, b.fdiv(total, f32(k))), gep(b, y, plane), align=1)
+
+    if ctx.attr("order") == "nhwc" and n == 1:
+        acc = ctx.local()
+        with for_range(b, i64(0), i64(planes), name="p") as p:
+            b.store(at(p, i64(0)), acc)
+            with for_range(b, i64(1), i64(k), name="i") as i:
+                b.store(b.fadd(b.load(acc), at(p, i)), acc)
+            finish(p, b.load(acc))
+        return
+    if ctx.attr("order") == "nhwc":
+        with for_range(b, i64(0), i64(planes), name="p") as p:
+            finish(p, _sum_by_fours(ctx, lambda i, p=p: at(p, i), k))
+        return
+    period = 4 // math.gcd(k, 4)  # planes whose first element has the same alignment recur with this period
+    lanes = [ctx.local() for _ in range(8)]
+    with for_range(b, i64(0), i64(planes // period), name="p") as group:
+        for r in range(period):
+            p = add(b, mul(b, group, i64(period)), i64(r))
+            finish(p, _eigen_plane(ctx, lambda i, p=p: at(p, i), k, (-r * k) % 4, lanes))
+    for r in range(planes - planes % period, planes):
+        finish(i64(r), _eigen_plane(ctx, lambda i, r=r: at(i64(r), i), k, (-r * k) % 4, lanes))
+
+
+def _sum_by_fours(ctx: OpCtx, at: Callable[[ir.Value], ir.Value], k: int) -> ir.Value:
+    """MLAS's M=1 SGEMM order (reference_quant.sum_by_fours): groups of four in order, each added to the total."""
+    b, acc = ctx.b, ctx.local()
+    sizes = [2] * ((k % 4) // 2) + [1] * (k % 2)
+    if k >= 4:
+        first = at(i64(0))
+        for j in range(1, 4):
+            first = b.fadd(first, at(i64(j)))
+        b.store(first, acc)
+        with for_range(b, i64(4), i64(k - k % 4), step=4, name="g") as i:
+            group = at(i)
+            for j in range(1, 4):
+                group = b.fadd(group, at(add(b, i, i64(j))))
+            b.store(b.fadd(group, b.load(acc)), acc)
+    i = k - k % 4
+    for size in sizes:
+        group = at(i64(i))
+        if size == 2:
+            group = b.fadd(group, at(i64(i + 1)))
+        b.store(group if i == 0 else b.fadd(group, b.load(acc)), acc)
+        i += size
+    return b.load(acc)
+
+
+def _eigen_plane(ctx: OpCtx, at: Callable[[ir.Value], ir.Value], k: int, start: int, lanes: list[ir.Value]) \
+        -> ir.Value:
+    """Eigen's SSE sum of k values starting `start` elements before a 16-byte boundary (k >= 4)."""
+    b = ctx.b
+    packets = (k - start) // 4
+    if packets == 0:
+        total = at(i64(0))
+        for i in range(1, k):
+            total = b.fadd(total, at(i64(i)))
+        return total
+    end2, end = start + (packets // 2) * 8, start + packets * 4
+    for lane in range(8 if packets > 1 else 4):
+        b.store(at(i64(start + lane)), lanes[lane])
+    if packets > 1:
+        with for_range(b, i64(start + 8), i64(end2), step=8, name="pk") as i:
+            for lane in range(8):
+                b.store(b.fadd(b.load(lanes[lane]), at(add(b, i, i64(lane)))), lanes[lane])
+        for lane in range(4):
+            b.store(b.fadd(b.load(lanes[lane]), b.load(lanes[lane + 4])), lanes[lane])
+        if end > end2:
+            for lane in range(4):
+                b.store(b.fadd(b.load(lanes[lane]), at(i64(end2 + lane))), lanes[lane])
+    p = [b.load(lane) for lane in lanes[:4]]
+    total = b.fadd(b.fadd(p[0], p[2]), b.fadd(p[1], p[3]))
+    for i in (*range(start), *range(end, k)):
+        total = b.fadd(total, at(i64(i)))
+    return total
+
+
+OPS: dict[str, Callable[[OpCtx], None]] = {"qlut": qlut, "qmul": qmul, "qmean": qmean, "qbatchnorm": qbatchnorm}

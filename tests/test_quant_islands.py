@@ -1,0 +1,232 @@
+"""The int8 islands that compute what onnxruntime computes its own way (stages/graph/passes_quant_islands.py),
+bit for bit against onnxruntime running that one op: QLinearSigmoid's table, QLinearMul, QLinearAdd's offset,
+its float ReduceMean in both layouts' summation orders and its float BatchNormalization, over every input byte
+(pair) and many random scales, ties included; then all of them built into one library from a quantized model."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+from schemas import Target
+from stages.build.library import build_library
+from stages.extract import load_model
+from stages.graph.ir import Graph, Node, Value
+from stages.graph.passes import optimize
+from stages.graph.passes_quant import quantize_graph
+from stages.graph.passes_quant_islands import _batch_norm
+from stages.graph.reference_quant import QUANT_OPS, lookup_table
+from stages.runtime import load
+from testing.quantize import onnxruntime_run, quantize_static
+
+f = np.float32
+ELEM = {"uint8": TensorProto.UINT8, "int8": TensorProto.INT8, "float32": TensorProto.FLOAT}
+EVERY_PAIR = (np.repeat(np.arange(256), 256).astype(np.uint8), np.tile(np.arange(256), 256).astype(np.uint8))
+
+
+def _session(nodes, inputs, inits, out_dtype, domain=False) -> ort.InferenceSession:
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info(n, ELEM[d], s) for n, d, s in inputs],
+                              [helper.make_tensor_value_info("y", ELEM[out_dtype], None)],
+                              [numpy_helper.from_array(np.asarray(v), n) for n, v in inits.items()])
+    opsets = [helper.make_opsetid("", 19)] + ([helper.make_opsetid("com.microsoft", 1)] if domain else [])
+    model = helper.make_model(graph, opset_imports=opsets)
+    model.ir_version = 9
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = 1
+    return ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
+
+
+def _qparams(rng, dtype, names, lo=-6.0, hi=0.0) -> dict:
+    low, high = np.iinfo(dtype).min, np.iinfo(dtype).max
+    out = {}
+    for n in names:
+        out[f"s{n}"] = f(np.exp(rng.uniform(lo, hi)))
+        out[f"z{n}"] = np.array(rng.integers(low, high + 1), dtype=dtype)
+    return out
+
+
+def _qlinear(op: str, inputs: dict, p: dict, dtype: str, shapes: dict | None = None) -> np.ndarray:
+    names = list(inputs)
+    order = [x for n in names for x in (n, f"s{n}", f"z{n}")] + ["sy", "zy"]
+    node = helper.make_node(op, order, ["y"], domain="com.microsoft")
+    shapes = shapes or {n: v.shape for n, v in inputs.items()}
+    sess = _session([node], [(n, dtype, shapes[n]) for n in names], p, dtype, domain=True)
+    return sess.run(None, inputs)[0]
+
+
+@pytest.mark.parametrize("dtype", ["uint8", "int8"])
+def test_sigmoid_table_is_qlinear_sigmoids(dtype):
+    """Random scales, and one where the exact logistic 1 / (1 + exp(-x)) rounds one entry the other way."""
+    rng = np.random.default_rng(5)
+    x = np.arange(256, dtype=np.uint8).view(dtype)
+    sets = [_qparams(rng, dtype, "x") | _qparams(rng, dtype, "y", -9.0, -3.0) for _ in range(60)]
+    if dtype == "uint8":
+        sets.append({"sx": f(0.00909464992582798), "zx": np.array(54, np.uint8), "sy": f(1 / 256),
+                     "zy": np.array(0, np.uint8)})
+    for p in sets:
+        want = _qlinear("QLinearSigmoid", {"x": x}, p, dtype)
+        table = lookup_table("Sigmoid", p["sx"], int(p["zx"]), p["sy"], int(p["zy"]), dtype)
+        got = QUANT_OPS["qlut"]([x, table], {"y_dtype": dtype})[0]
+        np.testing.assert_array_equal(got, want, err_msg=str(p))
+
+
+def _graph(nodes: list, values: dict, constants: dict) -> Graph:
+    """A tunaflow graph of normalised nodes; `values` maps tensor names to (shape, dtype)."""
+    vals = {n: Value(n, shape, dtype) for n, (shape, dtype) in values.items()}
+    produced = {o for node in nodes for o in node.outputs}
+    inputs = [v for n, v in vals.items() if n not in produced]
+    return Graph("islands", inputs, [vals[nodes[-1].outputs[0]]], nodes, vals,
+                 {k: np.asarray(v) for k, v in constants.items()})
+
+
+def _binary(op: str, p: dict, dtype: str) -> dict:
+    """What the quant pass makes of DQ(a) op DQ(b) -> Q with these parameters: the node's attrs."""
+    g = _graph([Node("da", "DequantizeLinear", ["a", "sa", "za"], ["af"], {"axis": None}),
+                Node("db", "DequantizeLinear", ["b", "sb", "zb"], ["bf"], {"axis": None}),
+                Node("op", op, ["af", "bf"], ["s"], {}),
+                Node("q", "QuantizeLinear", ["s", "sy", "zy"], ["y"], {"axis": None, "dtype": dtype})],
+               {"a": ((4,), dtype), "b": ((4,), dtype), "af": ((4,), "float32"), "bf": ((4,), "float32"),
+                "s": ((4,), "float32"), "y": ((4,), dtype)}, p)
+    quantize_graph(g)
+    return next(n for n in g.nodes if n.op in ("qmul", "qadd")).attrs
+
+
+@pytest.mark.parametrize("dtype", ["uint8", "int8"])
+def test_qmul_is_qlinear_mul_on_every_pair_ties_included(dtype):
+    rng = np.random.default_rng(7)
+    a, b = (v.view(dtype) for v in EVERY_PAIR)
+    sets = [_qparams(rng, dtype, "aby") for _ in range(24)]
+    # ratio 1/2: every odd product is a tie of the float32 rounding
+    sets.append({**sets[0], "sa": f(0.5), "sb": f(0.25), "sy": f(0.25)})
+    for p in sets:
+        want = _qlinear("QLinearMul", {"a": a, "b": b}, p, dtype)
+        got = QUANT_OPS["qmul"]([a, b], _binary("Mul", p, dtype))[0]
+        np.testing.assert_array_equal(got, want, err_msg=str(p))
+    gate = b[::4096].reshape(1, 16, 1, 1)
+    x = a[:16 * 64].reshape(1, 16, 8, 8)
+    want = _qlinear("QLinearMul", {"a": x, "b": gate}, sets[1], dtype)
+    np.testing.assert_array_equal(QUANT_OPS["qmul"]([x, gate], _binary("Mul", sets[1], dtype))[0], want)
+
+
+def test_qadd_offset_rounds_as_qlinear_add_on_every_pair():
+    """The offset zy - fma(ra, za, rb * zb): with a plain multiply-add some of these scale sets differ."""
+    rng = np.random.default_rng(0)
+    a, b = EVERY_PAIR
+    plain_misses = 0
+    for _ in range(60):
+        p = _qparams(rng, "uint8", "aby", -5.0, -1.0)
+        want = _qlinear("QLinearAdd", {"a": a, "b": b}, p, "uint8")
+        attrs = _binary("Add", p, "uint8")
+        np.testing.assert_array_equal(QUANT_OPS["qadd"]([a, b], attrs)[0], want, err_msg=str(p))
+        ra, rb = f(attrs["a_ratio"]), f(attrs["b_ratio"])
+        plain = QUANT_OPS["qadd"]([a, b], {**attrs, "offset": float(f(p["zy"]) - (ra * f(p["za"]) + rb * f(p["zb"])))})
+        plain_misses += int((plain[0] != want).any())
+    assert plain_misses > 0
+
+
+def _dq_op_q(op_nodes, x_shape, p, extra=None, dtype="uint8") -> ort.InferenceSession:
+    nodes = [helper.make_node("DequantizeLinear", ["x", "sx", "zx"], ["xf"]), *op_nodes,
+             helper.make_node("QuantizeLinear", ["r", "sy", "zy"], ["y"])]
+    return _session(nodes, [("x", dtype, x_shape)], {**p, **(extra or {})}, dtype)
+
+
+@pytest.mark.parametrize("hw", [(2, 2), (3, 3), (6, 6), (7, 5), (16, 16)])
+def test_qmean_sums_in_onnxruntimes_order_for_either_layout(hw):
+    """onnxruntime's float ReduceMean over H, W: of an NHWC tensor (axes 1, 2; how it runs a squeeze-excite
+    block's mean between its int8 convolutions) and of an NCHW one (the classifier's global pool). With the
+    output scale the input's (what the quantizer gives a global pool) many means are exact ties, and a sum
+    rounded in another order lands on the other side."""
+    rng = np.random.default_rng(hw[0] * 31 + hw[1])
+    h, w = hw
+    c = 64
+    for trial in range(4):
+        p = _qparams(rng, "uint8", "x", -4.0, -1.5) | _qparams(rng, "uint8", "y", -6.0, -3.0)
+        if trial % 2:
+            p["sy"] = p["sx"]
+        x = rng.integers(0, 256, (2, c, h, w)).astype(np.uint8)
+        attrs = {"x_scale": p["sx"], "x_zero_point": int(p["zx"]), "y_scale": p["sy"], "y_zero_point": int(p["zy"]),
+                 "y_dtype": "uint8"}
+        for order, axes, feed in (("nhwc", [1, 2], x.transpose(0, 2, 3, 1)), ("nchw", [2, 3], x)):
+            mean = helper.make_node("ReduceMean", ["xf", "axes"], ["r"], keepdims=1)
+            sess = _dq_op_q([mean], feed.shape, p, {"axes": np.array(axes, np.int64)})
+            want = sess.run(None, {"x": np.ascontiguousarray(feed)})[0].reshape(2, c)
+            got = QUANT_OPS["qmean"]([x], {**attrs, "order": order})[0].reshape(2, c)
+            np.testing.assert_array_equal(got, want, err_msg=order)
+
+
+@pytest.mark.parametrize("relu", [False, True])
+def test_qbatchnorm_is_onnxruntimes_float_batch_norm(relu):
+    rng = np.random.default_rng(3)
+    c = 24
+    for _ in range(5):
+        p = _qparams(rng, "uint8", "xy", -5.0, -2.0)
+        bn = {"sc": rng.standard_normal(c).astype(f), "bi": rng.standard_normal(c).astype(f),
+              "mu": rng.standard_normal(c).astype(f), "var": rng.uniform(0.05, 3, c).astype(f)}
+        nodes = [helper.make_node("BatchNormalization", ["xf", "sc", "bi", "mu", "var"], ["b" if relu else "r"],
+                                  epsilon=1e-5)] + ([helper.make_node("Relu", ["b"], ["r"])] if relu else [])
+        sess = _dq_op_q(nodes, (1, c, 9, 7), p, bn)
+        x = rng.integers(0, 256, (1, c, 9, 7)).astype(np.uint8)
+        shape = (1, c, 9, 7)
+        g = _graph([Node("dq", "DequantizeLinear", ["x", "sx", "zx"], ["xf"], {"axis": None}),
+                    Node("bn", "BatchNormalization", ["xf", "sc", "bi", "mu", "var"], ["b" if relu else "r"],
+                         {"epsilon": 1e-5}),
+                    *([Node("relu", "Relu", ["b"], ["r"], {})] if relu else []),
+                    Node("q", "QuantizeLinear", ["r", "sy", "zy"], ["y"], {"axis": None, "dtype": "uint8"})],
+                   {"x": (shape, "uint8"), "xf": (shape, "float32"), "b": (shape, "float32"),
+                    "r": (shape, "float32"), "y": (shape, "uint8")}, {**p, **bn})
+        _batch_norm(g, g.nodes[1])
+        node = next(n for n in g.nodes if n.op == "qbatchnorm")
+        got = QUANT_OPS["qbatchnorm"]([x, *(g.constants[i] for i in node.inputs[1:])], node.attrs)[0]
+        np.testing.assert_array_equal(got, sess.run(None, {"x": x})[0])
+
+
+def _island_model(batch: int) -> onnx.ModelProto:
+    """EfficientNet's block in small: Conv -> SiLU -> squeeze-excite (ReduceMean, 1x1 Conv, Sigmoid, broadcast
+    Mul) -> global mean -> classifier, and DenseNet's: Conv -> BatchNormalization -> Relu -> global mean ->
+    classifier; quantized by onnxruntime's quantize_static."""
+    rng = np.random.default_rng(11)
+    c = 8
+    inits = {"w": rng.standard_normal((c, 3, 3, 3)) * 0.3, "we": rng.standard_normal((c, c, 1, 1)) * 0.3,
+             "w2": rng.standard_normal((c, c, 1, 1)) * 0.3, "sc": rng.uniform(0.5, 2, c),
+             "bi": rng.standard_normal(c), "mu": rng.standard_normal(c) * 0.1, "var": rng.uniform(0.5, 2, c)}
+    inits = {k: v.astype(f) for k, v in inits.items()} | {"axes": np.array([2, 3], np.int64)}
+    node = helper.make_node
+    nodes = [node("Conv", ["x", "w"], ["c"], pads=[1, 1, 1, 1]), node("Sigmoid", ["c"], ["sg"]),
+             node("Mul", ["c", "sg"], ["silu"]), node("ReduceMean", ["silu", "axes"], ["se"], keepdims=1),
+             node("Conv", ["se", "we"], ["ce"]), node("Sigmoid", ["ce"], ["gate"]),
+             node("Mul", ["silu", "gate"], ["ex"]), node("ReduceMean", ["ex", "axes"], ["m1"], keepdims=1),
+             node("Conv", ["ex", "w2"], ["c2"]), node("BatchNormalization", ["c2", "sc", "bi", "mu", "var"], ["bn"]),
+             node("Relu", ["bn"], ["rl"]), node("ReduceMean", ["rl", "axes"], ["m2"], keepdims=1)]
+    for k in (1, 2):  # classifier heads: the global mean, flattened, into a Gemm
+        nodes += [node("Flatten", [f"m{k}"], [f"v{k}"]), node("Gemm", [f"v{k}", f"fc{k}", f"fb{k}"], [f"y{k}"],
+                                                              transB=1)]
+        inits |= {f"fc{k}": (rng.standard_normal((5, c)) * 0.5).astype(f), f"fb{k}": rng.standard_normal(5).astype(f)}
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, (batch, 3, 10, 9))
+    graph = helper.make_graph(nodes, "islands", [x],
+                              [helper.make_tensor_value_info(n, TensorProto.FLOAT, None) for n in ("y1", "y2", "ex")],
+                              [numpy_helper.from_array(v, n) for n, v in inits.items()])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 19)])
+    model.ir_version = 9
+    return quantize_static(model, calibration=4)
+
+
+@pytest.mark.parametrize("batch", [1, 2])
+def test_built_islands_match_onnxruntimes_int8_run_exactly(tmp_path, batch):
+    """Batch 1 and 2: onnxruntime sums an NHWC mean in another order for a batch."""
+    model = _island_model(batch)
+    graph = optimize(load_model(model))
+    ops = [n.op for n in graph.nodes]
+    assert {"qlut", "qmul", "qmean", "qbatchnorm"} <= set(ops)
+    assert not {"Sigmoid", "Mul", "ReduceMean", "BatchNormalization"} & set(ops)
+    assert sorted(n.attrs["order"] for n in graph.nodes if n.op == "qmean") == ["nchw", "nchw", "nhwc"]
+    build_library(graph, Target.host(), tmp_path / "lib")
+    library = load(tmp_path / "lib")
+    rng = np.random.default_rng(2)
+    for _ in range(8):
+        feeds = {"x": (rng.standard_normal((batch, 3, 10, 9)) * 2).astype(f)}
+        want, got = onnxruntime_run(model, feeds), library.run(**feeds)
+        for k in want:
+            np.testing.assert_array_equal(got[k], want[k], err_msg=k)
