@@ -6,6 +6,8 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+CacheMode = Literal["auto", "hot", "weights", "cold"]
+
 
 class ImportLimits(BaseModel):
     """How much memory a model's import may make it allocate (stages/extract/budget.py): the constants folding
@@ -25,7 +27,10 @@ class MeasureOptions(BaseModel):
     min_repeat_ms: float = Field(default=10.0, ge=0, description="a repeat lasts at least this long")
     timeout: float = Field(default=10.0, gt=0, description="seconds before a run is killed")
     build_timeout: float = Field(default=30.0, gt=0, description="seconds before a build is abandoned")
-    enable_cpu_cache_flush: bool = False
+    cache: CacheMode = Field(default="auto", description=(
+        "cache state each timed call starts from: `hot` (the previous call's, as in a tight loop), `weights` "
+        "(the kernel's weights flushed from every cache level, its activations hot: a layer's state in a model), "
+        "`cold` (a 64 MiB buffer written first: nothing cached), or `auto` (per kernel, stages/measure/cache.py)"))
     cooldown_ms: float = Field(default=0.0, ge=0)
     n_parallel: int = Field(default=0, ge=0, description="build processes; 0 means one per core")
     threads: int = Field(default=1, ge=1, le=256, description="threads each kernel runs with")

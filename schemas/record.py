@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import statistics
+from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -27,6 +28,8 @@ class TuningRecord(BaseModel):
     task: TuningTask
     template_version: int = Field(ge=1)
     threads: int = Field(default=1, ge=1, description="threads the kernel ran with")
+    cache: Literal["hot", "weights", "cold"] = Field(default="hot", description="cache state each timed call "
+                                                     "started from (stages/measure/cache.py; older logs: hot)")
     config: Config
     result: MeasureResult
     gflops: float = Field(ge=0)

@@ -20,7 +20,7 @@ from stages.graph.tasks import extract_tasks
 from stages.log import TuningLog
 from stages.runtime import load
 from stages.runtime.compare import random_feeds
-from stages.runtime.deployed import TOLERANCE, anchor_times, chosen_records, round_figure
+from stages.runtime.deployed import TOLERANCE, Alone, anchor_times, chosen_records, reasons, round_figure
 from stages.tune.loop import default_record, tune_task
 from testing.cli import tunaflow
 
@@ -136,3 +136,19 @@ def test_a_record_measured_on_another_thread_count_is_named(built):
     ops_list = [o for o in manifest.ops if o.kind != "alias"]
     verdicts = anchor_times(manifest, ops_list, np.repeat(samples, 10, axis=0), records)
     assert all(v.off and v.reasons[0] == "the record was measured on 2 thread(s), the library runs 1" for v in verdicts)
+
+
+def test_records_are_timed_with_their_weights_flushed_and_a_cache_reason_names_the_state(built):
+    """Tuning's default state is recorded on each record, and the verdict on an anchor slower in the model than hot
+    but no slower than cold says which state its record was timed in (hot: the tuner's loop kept it cached)."""
+    lib, _ = built
+    manifest = Manifest.model_validate_json((lib / "manifest.json").read_text())
+    records = chosen_records(manifest, lib.parent / "log")
+    assert {r.cache for r in records.values()} == {"weights"}
+    node, record = next(iter(records.items()))
+    op = next(o for o in manifest.ops if o.node == node)
+    alone = Alone(loop=1e-5, call=1e-5, cold=3e-5, hot=1e-5)
+    for state, says in (("weights", "its record was timed in the 'weights' state"),
+                        ("hot", "in the tuner's loop they stay in cache")):
+        why = reasons(manifest, op, (2e-5, 1e-5), 0.0, record.model_copy(update={"cache": state}), alone, None)
+        assert why[0].startswith("alone it takes") and says in why[0]

@@ -56,7 +56,7 @@ def test_cooldown_sleeps_between_repeats_and_flush_evicts_caches(host):
     assert cooled.run_s >= 0.2 and len(cooled.costs) == 3
     warm = statistics.median(run_in_process(build, number=1, repeat=9, min_repeat_ms=0).costs)
     cold = statistics.median(run_in_process(build, number=1, repeat=9, min_repeat_ms=0,
-                                            enable_cpu_cache_flush=True).costs)
+                                            cache="cold").costs)
     assert cold > 1.3 * warm
 
 

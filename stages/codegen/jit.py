@@ -38,6 +38,11 @@ class LoadedKernel:
             raise ValueError(f"compiled object has no symbol {name!r}")
         return addr
 
+    @property
+    def main_address(self) -> int:
+        """Where `tf_main` is, for a timing loop compiled elsewhere (stages/measure/evict.py)."""
+        return self._address(MAIN)
+
     def __call__(self, args: Sequence[np.ndarray]) -> None:
         self._main(ctypes.cast(_pointer_array(args), ctypes.c_void_p))
 

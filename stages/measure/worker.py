@@ -22,7 +22,9 @@ from schemas.options import MeasureOptions
 from schemas.target import Target
 from schemas.task import TuningTask
 from stages.codegen.jit import LoadedKernel
+from stages.measure.cache import resolve, weight_args
 from stages.measure.check import compare, reduction_size
+from stages.measure.evict import Evictor
 from stages.templates import template_for
 
 FLUSH_BYTES = 64 * 1024 * 1024
@@ -55,12 +57,19 @@ class _TaskData:
         self.inputs: list[np.ndarray] = []
         self.ref: np.ndarray | None = None
         self._flush: np.ndarray | None = None
+        self._evictor: Evictor | None = None
 
     def flush_buffer(self) -> np.ndarray:
         """Written before each timed call to evict the caches; allocated (and paged in) once."""
         if self._flush is None:
             self._flush = np.zeros(FLUSH_BYTES // 4, dtype=np.float32)
         return self._flush
+
+    def evictor(self) -> Evictor:
+        """Times a kernel with its weight lines flushed before each call; compiled once."""
+        if self._evictor is None:
+            self._evictor = Evictor()
+        return self._evictor
 
     def get(self, task: TuningTask) -> tuple[list[np.ndarray], np.ndarray]:
         if task.signature != self.signature:
@@ -85,18 +94,24 @@ def run(req: RunRequest, cache: _TaskData) -> RunReply:
     if not ok:
         return RunReply(MeasureErrorNo.wrong_answer, f"output differs from numpy reference: max abs error {err:.3g}",
                         (), time.perf_counter() - start)
+    state = resolve(opts, req.task, req.target)
+    flush = cache.flush_buffer() if state == "cold" else None
+    evictor = cache.evictor() if state == "weights" else None
+    if evictor is not None:
+        evictor.aim(kernel.main_address, args, weight_args(req.task, args))
     number = opts.number
     if opts.min_repeat_ms > 0 and first * opts.number < opts.min_repeat_ms / 1000.0:
-        # The cold first call overstates later ones: estimate from about a millisecond of warm calls.
-        warm = kernel.time(args, max(1, min(1000, int(1e-3 / max(first, 1e-9)))))
+        # The cold first call overstates later ones: estimate from about a millisecond of warm calls (in the
+        # weights-flushed state, calls as the repeats will time them).
+        calls = max(1, min(1000, int(1e-3 / max(first, 1e-9))))
+        warm = kernel.time(args, calls) if evictor is None else evictor.time(calls)
         if warm > 0:
             number = max(number, math.ceil(opts.min_repeat_ms / 1000.0 / warm))
-    flush = cache.flush_buffer() if opts.enable_cpu_cache_flush else None
     costs = []
     for i in range(opts.repeat):
         if i and opts.cooldown_ms:
             time.sleep(opts.cooldown_ms / 1000.0)
-        costs.append(kernel.time(args, number, flush))
+        costs.append(kernel.time(args, number, flush) if evictor is None else evictor.time(number))
     return RunReply(MeasureErrorNo.no_error, "", tuple(costs), time.perf_counter() - start, number)
 
 

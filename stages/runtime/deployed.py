@@ -1,12 +1,13 @@
 """Tuning time = deployed time: each tuned anchor's time inside the built library against its chosen record.
 
-The tuner times a kernel hot and alone (the same inputs, called for >= 10 ms per repeat) and ranks a config by
-the fastest of its medians; in the model the kernel runs once per call, its inputs come from the previous layer
-and its weights from wherever the other layers left them. Both figures are compared by the same rule (the
-fastest median of rounds of consecutive runs), and an anchor more than `TOLERANCE` off is flagged with what can
-be told about why: the record's thread count or its own noise, the library's padded hand-off layout, the
-machine's load during the profile, and, when the kernel was timed alone again (`profile_and_time_alone`), whether it is
-the record or the model that disagrees.
+The tuner times a kernel alone (the same inputs, called for >= 10 ms per repeat) in the cache state its record
+names (`TuningRecord.cache`: by default its weights flushed before each call and its activations hot, as a layer
+finds them in the model; older logs: hot) and ranks a config by the fastest of its medians; in the model the
+kernel runs once per call, its inputs come from the previous layer and its weights from wherever the other layers
+left them. Both figures are compared by the same rule (the fastest median of rounds of consecutive runs), and an
+anchor more than `TOLERANCE` off is flagged with what can be told about why: the record's thread count or its own
+noise, the library's padded hand-off layout, the machine's load during the profile, and, when the kernel was timed
+alone again (`profile_and_time_alone`), whether it is the record or the model that disagrees.
 """
 
 from __future__ import annotations
@@ -37,12 +38,14 @@ TINY_S = 1e-6  # below this a single call's time is mostly the clock's and the c
 
 class Alone(NamedTuple):
     """Seconds per call of an anchor's config timed alone by the tuner's runner: as the tuner times it (the mean of
-    a >= 10 ms loop, which counts every preemption on a busy machine), per single call hot (the median of
-    `PER_CALL` calls, as the profile counts), and per single call with the caches flushed before each."""
+    a >= 10 ms loop in its record's cache state, which counts every preemption on a busy machine), per single call
+    hot (the median of `PER_CALL` calls, as the profile counts), per single call with the caches flushed before
+    each, and the tuner's loop hot (what a record timed before cache states existed says)."""
 
     loop: float
     call: float
     cold: float
+    hot: float
 
 
 def chosen_records(manifest: Manifest, log: str | Path | None = None) -> dict[str, TuningRecord]:
@@ -72,12 +75,12 @@ def round_figure(samples: np.ndarray, rounds: int = ROUNDS) -> tuple[float, floa
 def profile_and_time_alone(model, runs: int, feeds: dict, records: dict[str, TuningRecord],
                            rounds: int = ROUNDS) -> tuple[list[OpInfo], np.ndarray, dict[str, Alone]]:
     """The library's profile (`runs` runs in `rounds` rounds) interleaved with each tuned anchor's chosen config
-    timed alone by the tuner's runner, so both see the same load (`Alone`: three ways, the fastest round median
+    timed alone by the tuner's runner, so both see the same load (`Alone`: four ways, the fastest round median
     of each). Identical records are timed once."""
     manifest = model.manifest
     unique = {_key(r): r for r in records.values()}
     builds = {k: build_one(r.task, r.config, manifest.target, r.threads) for k, r in unique.items()}
-    figures: dict[tuple, tuple[list[float], list[float], list[float]]] = {k: ([], [], []) for k in unique}
+    figures: dict[tuple, tuple[list[float], ...]] = {k: ([], [], [], []) for k in unique}
     parts: list[np.ndarray] = []
     ops: list[OpInfo] = []
     runners = {n: LocalRunner(MeasureOptions(threads=n)) for n in {r.threads for r in unique.values()}}
@@ -87,9 +90,12 @@ def profile_and_time_alone(model, runs: int, feeds: dict, records: dict[str, Tun
             parts.append(samples)
             for k, b in builds.items():
                 runner = runners[k[2]]
-                single = runner.options.model_copy(update={"number": 1, "min_repeat_ms": 0.0, "repeat": PER_CALL})
-                cold = single.model_copy(update={"enable_cpu_cache_flush": True, "repeat": PER_COLD_CALL})
-                for figure, opts in zip(figures[k], (runner.options, single, cold), strict=True):
+                tuners = runner.options.model_copy(update={"cache": unique[k].cache})  # as its record was timed
+                single = runner.options.model_copy(update={"number": 1, "min_repeat_ms": 0.0, "repeat": PER_CALL,
+                                                           "cache": "hot"})
+                cold = single.model_copy(update={"cache": "cold", "repeat": PER_COLD_CALL})
+                hot = runner.options.model_copy(update={"cache": "hot"})
+                for figure, opts in zip(figures[k], (tuners, single, cold, hot), strict=True):
                     result = runner.run_one(b, opts)
                     if result.ok:
                         figure.append(result.median)
@@ -155,8 +161,9 @@ def reasons(manifest: Manifest, op: OpInfo, figures: tuple[float, float], spread
     if op.record and float(op.record["median_s"]) < TINY_S:
         why.append("a sub-microsecond kernel: one call's timing in the model includes the clock's own cost")
     if not why:
-        why.append("slower in the model than when tuned: the tuner times it hot and alone, here its inputs come "
-                   "from the previous layer (run --alone to tell)" if ratio > 1 else
+        state = record.cache if record is not None else "hot"
+        why.append(f"slower in the model than when tuned: the tuner timed it alone ({state} cache), here its "
+                   "inputs come from the previous layer (run --alone to tell)" if ratio > 1 else
                    "faster in the model than when tuned: load slowed every measurement of the record (run --alone "
                    "to tell)")
     return why
@@ -164,7 +171,7 @@ def reasons(manifest: Manifest, op: OpInfo, figures: tuple[float, float], spread
 
 def _alone_reason(deployed: float, tuned: float, alone: Alone, record: TuningRecord | None,
                   manifest: Manifest) -> str:
-    loop, call, cold = alone
+    loop, call, cold = alone.loop, alone.call, alone.cold
     if _near(deployed, call):
         if _near(loop, tuned):
             return (f"alone it takes {call * 1e6:.1f} us per call, as in the model, and {loop * 1e6:.1f} us the "
@@ -173,9 +180,11 @@ def _alone_reason(deployed: float, tuned: float, alone: Alone, record: TuningRec
         return (f"alone it now takes {loop / tuned:.2f}x its record the tuner's way and per call what it takes in "
                 "the model: the record's figure does not hold (load when it was tuned, or the machine's state now)")
     if deployed > call and deployed <= cold * (1 + TOLERANCE):
+        timed = ("in the tuner's loop they stay in cache" if record is None or record.cache == "hot" else
+                 f"its record was timed in the {record.cache!r} state")
         return (f"alone it takes {call * 1e6:.1f} us per call hot and {cold * 1e6:.1f} us with its caches flushed "
-                f"first, in the model {deployed * 1e6:.1f} us: cache state ({_operands(record, manifest)}: in the "
-                "tuner's loop they stay in cache, in the model the other layers evict them)")
+                f"first, in the model {deployed * 1e6:.1f} us: cache state ({_operands(record, manifest)}: {timed}, "
+                "in the model the other layers evict them)")
     return (f"alone it takes {call * 1e6:.1f} us per call hot, {cold * 1e6:.1f} us with its caches flushed first, "
             f"in the model {deployed / call:.2f}x the hot figure: not cache state alone")
 

@@ -30,6 +30,7 @@ from stages.log.store import rank_key
 from stages.measure.artifact import BuildResult
 from stages.measure.base import Runner
 from stages.measure.builder import Builder
+from stages.measure.cache import resolve
 from stages.measure.remeasure import Candidate, Remeasured, history, remeasure, top_k
 from stages.search import make_tuner
 from stages.search.base import TunerContext
@@ -159,6 +160,7 @@ class TuningSession:
                 tunaflow_version=VERSION, session_id=self.session_id, trial=self.trials + len(records),
                 tuner=self.tuner.name, target_key=self.target.key, task_signature=self.task.signature,
                 task=self.task, template_version=self.template.VERSION, threads=self.options.measure.threads,
+                cache=resolve(self.options.measure, self.task, self.target),
                 config=config, result=result,
                 gflops=gflops,
             ))
@@ -201,6 +203,7 @@ class TuningSession:
             tunaflow_version=VERSION, session_id=self.session_id, trial=self.trials + i, tuner=REMEASURE,
             target_key=self.target.key, task_signature=self.task.signature, task=self.task,
             template_version=self.template.VERSION, threads=self.options.measure.threads, config=m.candidate.config,
+            cache=resolve(self.options.measure, self.task, self.target),
             result=m.result, gflops=self.task.flops / m.combined_s / 1e9 if m.combined_s else 0.0,
             rounds=m.rounds, combined_s=m.combined_s, unstable=m.unstable,
         ) for i, m in enumerate(remeasured)]
