@@ -48,12 +48,11 @@ def _qparams(rng, dtype, names, lo=-6.0, hi=0.0) -> dict:
     return out
 
 
-def _qlinear(op: str, inputs: dict, p: dict, dtype: str, shapes: dict | None = None) -> np.ndarray:
-    names = list(inputs)
-    order = [x for n in names for x in (n, f"s{n}", f"z{n}")] + ["sy", "zy"]
+def _qlinear(op: str, inputs: dict, p: dict, dtype: str) -> np.ndarray:
+    """onnxruntime's com.microsoft QLinear* op on `inputs`, with scales s<name> / zero points z<name> from p."""
+    order = [x for n in inputs for x in (n, f"s{n}", f"z{n}")] + ["sy", "zy"]
     node = helper.make_node(op, order, ["y"], domain="com.microsoft")
-    shapes = shapes or {n: v.shape for n, v in inputs.items()}
-    sess = _session([node], [(n, dtype, shapes[n]) for n in names], p, dtype, domain=True)
+    sess = _session([node], [(n, dtype, v.shape) for n, v in inputs.items()], p, dtype, domain=True)
     return sess.run(None, inputs)[0]
 
 
@@ -157,6 +156,27 @@ def test_qmean_sums_in_onnxruntimes_order_for_either_layout(hw):
             np.testing.assert_array_equal(got, want, err_msg=order)
 
 
+def test_qmean_kernels_sum_as_their_reference_for_every_plane_size(tmp_path):
+    """The built qmean in both orders, batch 1 and 2, planes of 1 to 35 values (Eigen's head, packets and tail;
+    MLAS's groups of four, two and one) against the reference checked above."""
+    rng = np.random.default_rng(4)
+    nodes, values, feeds = [], {}, {}
+    for i, (n, h, w, order) in enumerate([(1, 1, 1, "nchw"), (1, 1, 3, "nchw"), (2, 3, 5, "nchw"), (2, 5, 7, "nchw"),
+                                          (1, 1, 3, "nhwc"), (2, 1, 1, "nhwc"), (2, 1, 3, "nhwc"), (2, 5, 7, "nhwc")]):
+        attrs = {"x_scale": float(f(0.0372)), "x_zero_point": 9, "y_scale": float(f(0.0372)), "y_zero_point": 3,
+                 "y_dtype": "uint8", "order": order}
+        nodes.append(Node(f"m{i}", "qmean", [f"x{i}"], [f"y{i}"], attrs))
+        values |= {f"x{i}": ((n, 6, h, w), "uint8"), f"y{i}": ((n, 6, 1, 1), "uint8")}
+        feeds[f"x{i}"] = rng.integers(0, 256, (n, 6, h, w)).astype(np.uint8)
+    g = _graph(nodes, values, {})
+    g.outputs = [g.values[node.outputs[0]] for node in nodes]
+    build_library(g, Target.host(), tmp_path / "lib")
+    got = load(tmp_path / "lib").run(**feeds)
+    for node in nodes:
+        want = QUANT_OPS["qmean"]([feeds[node.inputs[0]]], node.attrs)[0]
+        np.testing.assert_array_equal(got[node.outputs[0]], want, err_msg=node.name)
+
+
 @pytest.mark.parametrize("relu", [False, True])
 def test_qbatchnorm_is_onnxruntimes_float_batch_norm(relu):
     rng = np.random.default_rng(3)
@@ -183,7 +203,7 @@ def test_qbatchnorm_is_onnxruntimes_float_batch_norm(relu):
         np.testing.assert_array_equal(got, sess.run(None, {"x": x})[0])
 
 
-def _island_model(batch: int) -> onnx.ModelProto:
+def _island_model(batch: int, activation: str) -> onnx.ModelProto:
     """EfficientNet's block in small: Conv -> SiLU -> squeeze-excite (ReduceMean, 1x1 Conv, Sigmoid, broadcast
     Mul) -> global mean -> classifier, and DenseNet's: Conv -> BatchNormalization -> Relu -> global mean ->
     classifier; quantized by onnxruntime's quantize_static."""
@@ -200,7 +220,10 @@ def _island_model(batch: int) -> onnx.ModelProto:
              node("Mul", ["silu", "gate"], ["ex"]), node("ReduceMean", ["ex", "axes"], ["m1"], keepdims=1),
              node("Conv", ["ex", "w2"], ["c2"]), node("BatchNormalization", ["c2", "sc", "bi", "mu", "var"], ["bn"]),
              node("Relu", ["bn"], ["rl"]), node("ReduceMean", ["rl", "axes"], ["m2"], keepdims=1)]
-    for k in (1, 2):  # classifier heads: the global mean, flattened, into a Gemm
+    # Two classifier heads: the global mean, flattened, into a Gemm. Their own weights: with one bias shared, the
+    # quantizer makes both Gemms read the int32 bias it quantized for the second one's input scale, and
+    # onnxruntime's fused QGemm takes those integers in the first one's units (not what the QDQ model says).
+    for k in (1, 2):
         nodes += [node("Flatten", [f"m{k}"], [f"v{k}"]), node("Gemm", [f"v{k}", f"fc{k}", f"fb{k}"], [f"y{k}"],
                                                               transB=1)]
         inits |= {f"fc{k}": (rng.standard_normal((5, c)) * 0.5).astype(f), f"fb{k}": rng.standard_normal(5).astype(f)}
@@ -210,13 +233,13 @@ def _island_model(batch: int) -> onnx.ModelProto:
                               [numpy_helper.from_array(v, n) for n, v in inits.items()])
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 19)])
     model.ir_version = 9
-    return quantize_static(model, calibration=4)
+    return quantize_static(model, calibration=4, activation=activation)
 
 
-@pytest.mark.parametrize("batch", [1, 2])
-def test_built_islands_match_onnxruntimes_int8_run_exactly(tmp_path, batch):
-    """Batch 1 and 2: onnxruntime sums an NHWC mean in another order for a batch."""
-    model = _island_model(batch)
+@pytest.mark.parametrize(("batch", "activation"), [(1, "uint8"), (2, "int8")])
+def test_built_islands_match_onnxruntimes_int8_run_exactly(tmp_path, batch, activation):
+    """uint8 and int8 activations; batch 1 and 2 (onnxruntime sums an NHWC mean in another order for a batch)."""
+    model = _island_model(batch, activation)
     graph = optimize(load_model(model))
     ops = [n.op for n in graph.nodes]
     assert {"qlut", "qmul", "qmean", "qbatchnorm"} <= set(ops)

@@ -135,9 +135,10 @@ def _sum_by_fours(ctx: OpCtx, at: Callable[[ir.Value], ir.Value], k: int) -> ir.
 
 def _eigen_plane(ctx: OpCtx, at: Callable[[ir.Value], ir.Value], k: int, start: int, lanes: list[ir.Value]) \
         -> ir.Value:
-    """Eigen's SSE sum of k values starting `start` elements before a 16-byte boundary (k >= 4)."""
+    """Eigen's SSE sum of k values starting `start` elements before a 16-byte boundary (in order when no
+    aligned packet fits)."""
     b = ctx.b
-    packets = (k - start) // 4
+    packets = max(0, k - start) // 4
     if packets == 0:
         total = at(i64(0))
         for i in range(1, k):
