@@ -9,18 +9,19 @@ import pytest
 from schemas import MeasureOptions, TuningOptions
 from schemas.target import Target
 from schemas.task import parse_epilogue
+from stages.build.apply_best import Choice, implementations
 from stages.build.library import build_library
 from stages.codegen.compile import compile_ir
 from stages.codegen.jit import LoadedKernel
 from stages.graph import reference
 from stages.graph.ir import Graph, Node, Value
 from stages.graph.tasks import extract_tasks
-from stages.graph.twins import alternatives, winograd_twin
+from stages.graph.twins import alternatives, winograd_default_wins, winograd_twin
 from stages.log import TuningLog
 from stages.log.store import rank_key
 from stages.measure.check import compare, reduction_size
 from stages.runtime import load
-from stages.templates import conv2d, conv2d_winograd
+from stages.templates import conv2d, conv2d_winograd, template_for
 from stages.templates.winograd_kernel import AT, BT, G
 from stages.tune.loop import tune_task
 
@@ -110,12 +111,12 @@ def test_the_bundled_cnn_brings_a_twin_for_each_3x3_stride_1_conv():
         assert e.task == winograd_twin(base.task) and (e.weight, e.nodes) == (base.weight, base.nodes)
 
 
-def _conv_graph() -> tuple[Graph, dict[str, np.ndarray]]:
+def _conv_graph(c: int = 16, size: int = 16) -> tuple[Graph, dict[str, np.ndarray]]:
     rng = np.random.default_rng(5)
-    task = conv2d.conv2d_task((1, 16, 16, 16), (16, 16, 3, 3), (1, 1), (1, 1, 1, 1))
-    x = rng.uniform(-1, 1, (1, 16, 16, 16)).astype(np.float32)
-    w = rng.uniform(-1, 1, (16, 16, 3, 3)).astype(np.float32)
-    values = {"x": Value("x", (1, 16, 16, 16)), "w": Value("w", (16, 16, 3, 3)), "y": Value("y", (1, 16, 16, 16))}
+    task = conv2d.conv2d_task((1, c, size, size), (c, c, 3, 3), (1, 1), (1, 1, 1, 1))
+    x = rng.uniform(-1, 1, (1, c, size, size)).astype(np.float32)
+    w = rng.uniform(-1, 1, (c, c, 3, 3)).astype(np.float32)
+    values = {"x": Value("x", (1, c, size, size)), "w": Value("w", (c, c, 3, 3)), "y": Value("y", (1, c, size, size))}
     graph = Graph("conv", [values["x"]], [values["y"]], [Node("conv", "Conv", ["x", "w"], ["y"], task=task)], values,
                   {"w": w})
     return graph, {"x": x}
@@ -143,8 +144,47 @@ def test_the_build_runs_whichever_implementation_measured_faster(tmp_path, host)
     manifest = build_library(graph, host, tmp_path / "lib2", log=tmp_path / "log")
     assert manifest.ops[0].task.startswith(slower + "(") and graph.nodes[0].task == task
     np.testing.assert_allclose(load(tmp_path / "lib2")(**feeds), expected, rtol=1e-3, atol=1e-4)
-    # without a log the default build keeps the direct kernel
+    # without a log the default build keeps the direct kernel on a 16x16 output (`winograd_default_wins`)
     assert build_library(graph, host, tmp_path / "lib3").ops[0].task.startswith("conv2d(")
+
+
+@pytest.mark.parametrize(("c", "size", "op"), [(16, 24, "conv2d_winograd"), (16, 20, "conv2d"), (8, 32, "conv2d")])
+def test_the_default_build_runs_winograd_where_its_default_wins(tmp_path, host, c, size, op):
+    """No log: a 24x24 output with 16 channels runs the Winograd twin's default schedule; a 20x20 one, or
+    8 channels, the direct default; either way the library computes the conv."""
+    graph, feeds = _conv_graph(c, size)
+    assert winograd_default_wins(graph.nodes[0].task) == (op == "conv2d_winograd")
+    manifest = build_library(graph, host, tmp_path / "lib")
+    assert manifest.ops[0].task.startswith(op + "(") and manifest.ops[0].kind == "default"
+    expected = reference.run(graph, feeds)["y"]
+    got = load(tmp_path / "lib")(**feeds)
+    assert np.max(np.abs(got - expected)) <= 1e-5 * np.max(np.abs(expected))
+
+
+def test_winograd_default_bounds():
+    def task(c, k, size, stride=1):
+        return conv2d.conv2d_task((1, c, size, size), (k, c, 3, 3), (stride, stride), (1, 1, 1, 1))
+
+    assert winograd_default_wins(task(64, 64, 56)) and winograd_default_wins(task(256, 256, 28))
+    assert not winograd_default_wins(task(256, 256, 14))  # transformed weights cost more than the multiplies saved
+    assert not winograd_default_wins(task(320, 320, 56))  # transformed weights spill the cache
+    assert not winograd_default_wins(task(15, 64, 56)) and not winograd_default_wins(task(64, 8, 56))
+    assert not winograd_default_wins(task(64, 64, 56, stride=2))  # Winograd does not serve it
+
+
+def test_a_tuned_record_of_either_implementation_outranks_the_default_rule(host):
+    """The rule only decides between two defaults: a tuned direct conv stays direct, a tuned twin runs."""
+    task = conv2d.conv2d_task((1, 64, 56, 56), (64, 64, 3, 3), (1, 1), (1, 1, 1, 1))
+    (twin,) = alternatives(task)
+    default = {t.signature: Choice(t, template_for(t).default_config(t, host), None) for t in (task, twin)}
+    assert implementations([task], default)[task.signature] == twin
+    record = object()  # `implementations` compares records only when both implementations have one
+    direct_tuned = {**default, task.signature: Choice(task, default[task.signature].config, record)}
+    assert implementations([task], direct_tuned)[task.signature] == task
+    twin_tuned = {**default, twin.signature: Choice(twin, default[twin.signature].config, record)}
+    assert implementations([task], twin_tuned)[task.signature] == twin
+    no_twin_schedule = {**default, twin.signature: Choice(twin, None, None, "no schedule")}
+    assert implementations([task], no_twin_schedule)[task.signature] == task
 
 
 def test_tune_op_runs_winograd_and_names_what_it_cannot_serve(tmp_path):

@@ -4,7 +4,9 @@ For each tuning task, the best error-free record for (task signature, target key
 in the log wins; a task with no such record (or whose recorded knobs the current template
 no longer accepts) gets the template's default schedule, and the caller is told which. A task
 the template has no schedule for at all (`NoValidConfig`) gets none: the build runs the generic
-kernel and says why.
+kernel and says why. An op with alternative implementations (a conv and its Winograd twin) runs
+whichever has the faster record; with no record of either, the one whose default schedule measured
+faster on such a task (`stages.graph.twins.default_alternative`).
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ from schemas.config import Config
 from schemas.record import TuningRecord
 from schemas.target import Target
 from schemas.task import TuningTask
-from stages.graph.twins import alternatives
+from stages.graph.twins import alternatives, default_alternative
 from stages.log import TuningLog
 from stages.log.store import rank_key
 from stages.templates import template_for
@@ -74,7 +76,9 @@ def choose(tasks: list[TuningTask], log: TuningLog | None, target: Target, threa
 
 def implementations(tasks: list[TuningTask], choices: dict[str, Choice]) -> dict[str, TuningTask]:
     """Task signature → the task to build it with: an alternative implementation (`alternatives`)
-    when its best record beats the task's own best record by `rank_key`, or the task has none; else itself."""
+    when its best record beats the task's own best record by `rank_key`, or the task has none; with no
+    record of either, the alternative whose default schedule measured faster (`default_alternative`,
+    if it has one); else the task itself."""
     picked: dict[str, TuningTask] = {}
     for task in tasks:
         best = task
@@ -82,6 +86,12 @@ def implementations(tasks: list[TuningTask], choices: dict[str, Choice]) -> dict
             mine, theirs = choices.get(best.signature), choices.get(alt.signature)
             if theirs is not None and theirs.tuned and (
                     mine is None or not mine.tuned or rank_key(theirs.record) < rank_key(mine.record)):
+                best = alt
+        mine = choices.get(task.signature)
+        if best is task and (mine is None or not mine.tuned):
+            alt = default_alternative(task)
+            theirs = choices.get(alt.signature) if alt is not None else None
+            if theirs is not None and theirs.config is not None:
                 best = alt
         picked[task.signature] = best
     return picked

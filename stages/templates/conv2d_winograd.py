@@ -5,7 +5,8 @@ adds a `conv2d_winograd` twin for every conv this template can serve, both are t
 build runs whichever measured faster. F(4x4) does 36 multiplies per 16 outputs and channel pair
 where the direct kernel does 144, at the price of input/output transforms and a rounding error
 about 7 times the direct kernel's (64 channels: 1.6e-4 vs 2.3e-5 on outputs up to 28; inside the
-float32 check of every measurement); the default build keeps the direct kernel. See `winograd_kernel` for the loop nest.
+float32 check of every measurement). With no record of either, the default build runs this template's
+default where it measured faster (`stages.graph.twins.winograd_default_wins`). See `winograd_kernel` for the loop nest.
 """
 
 from __future__ import annotations
