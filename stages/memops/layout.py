@@ -5,13 +5,32 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 
-from stages.codegen.irb import add, gep, i64, mul
-from stages.memops.loops import Operand, align_of, const_like, contiguous_strides, emit_map, loop_nest, offset
+from llvmlite import ir
+
+from stages.codegen.irb import add, gep, i64, intrinsic, mul
+from stages.memops.loops import Operand, align_of, collapse, const_like, contiguous_strides, emit_map, loop_nest, offset
 from stages.memops.opctx import OpCtx
+
+# Shortest contiguous run copied by memmove rather than an element loop: a loop per concat input is
+# vectorised and unrolled by LLVM, which made DenseNet's concats (about 530 inputs in all) most of its build.
+MEMCPY_RUN = 16
+I8P = ir.IntType(8).as_pointer()
 
 
 def _copy(ctx: OpCtx, extents, out: Operand, src: Operand) -> None:
-    emit_map(ctx.b, extents, out, [src], lambda b, v: v[0])
+    """out[i] = src[i] over the box; a run contiguous in both views is one memmove (memcpy's speed, and
+    right even if two views ever overlapped)."""
+    ext, (o, s) = collapse(extents, [out, src])
+    if not ext or o.strides[-1] != 1 or s.strides[-1] != 1 or ext[-1] < MEMCPY_RUN:
+        emit_map(ctx.b, extents, out, [src], lambda b, v: v[0])
+        return
+    b = ctx.b
+    size = align_of(out.ptr)
+    move = intrinsic(b.module, "llvm.memmove.p0.p0.i64", ir.VoidType(), [I8P, I8P, i64(0).type, ir.IntType(1)])
+    with loop_nest(b, ext[:-1]) as idx:
+        dst = b.bitcast(gep(b, o.ptr, offset(b, idx, o.strides[:-1], o.base)), I8P)
+        frm = b.bitcast(gep(b, s.ptr, offset(b, idx, s.strides[:-1], s.base)), I8P)
+        b.call(move, [dst, frm, i64(ext[-1] * size), ir.Constant(ir.IntType(1), 0)])
 
 
 def copy(ctx: OpCtx) -> None:

@@ -47,6 +47,7 @@ class OpCtx:
     def open(cls, module: ir.Module, graph: Graph, node: Node, symbol: str, threads: int = 1) -> OpCtx:
         fn = ir.Function(module, ir.FunctionType(ir.VoidType(), [VOIDP.as_pointer()]), name=symbol)
         fn.linkage = "internal"
+        fn.attributes.add("noinline")  # each op optimised alone, not inlined into tf_run's one huge function
         b, eb = _entry_and_body(fn)
         return cls(graph, node, fn, b, threads=threads, _entry=eb, _args=fn.args[0])
 
