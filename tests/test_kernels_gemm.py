@@ -14,7 +14,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from schemas.target import Target, preset
-from schemas.task import EpilogueOp, TuningTask
+from schemas.task import EpilogueOp, TuningTask, parse_epilogue
 from stages.codegen.compile import compile_ir
 from stages.codegen.jit import LoadedKernel
 from stages.measure.check import compare
@@ -208,3 +208,50 @@ def test_k_is_unrolled_by_uk_in_the_machine_code():
         LoadedKernel(compile_ir(matmul.build_ir(task, knobs, HOST, 1), HOST).data, HOST)(args)
         np.testing.assert_allclose(args[-1], inputs[0] @ inputs[1], rtol=1e-4, atol=1e-4)
     assert fmas[1] > 0 and fmas[4] >= 4 * fmas[1]
+
+
+@pytest.mark.parametrize("name", ["x86-64-avx512", "x86-64-avx2", "host"])
+@pytest.mark.parametrize("m,n,k", [(128, 3072, 768), (128, 768, 3072), (64, 2304, 768), (197, 3072, 768),
+                                   (197, 768, 768)])
+def test_transformer_dense_defaults_stream_the_weight_once(name, m, n, k):
+    """A dense layer with few rows: one M block holds all of A (in half of L2), threads split N in
+    blocks that give both cores the same number of panels, and B is read once (one item per N block)."""
+    from stages.templates.gemm_codegen import GemmSpec, Schedule, work_items
+
+    target = preset(name)
+    task = dense.task(m, n, k, (EpilogueOp(kind="bias"),))
+    knobs = dense.default_config(task, target).knobs
+    s = Schedule.from_knobs(knobs)
+    assert dense.space(task, target).reason(knobs) is None
+    assert s.par == "n" and s.mc * s.mr >= m
+    assert -(-m // s.mr) * s.mr * s.kc * 4 <= target.l2_bytes // 2
+    panels = -(-n // s.nr)
+    items = work_items(GemmSpec(m=m, n=n, k=k), s)
+    assert items == -(-panels // s.nc) and items % target.cores == 0
+    assert -(-k // s.kc) * s.kc - k < s.kc // 2  # even K blocks: no short tail block
+
+
+@settings(max_examples=60, deadline=None)
+@given(m=st.integers(1, 400), n=st.integers(1, 5000), k=st.integers(1, 5000), trans_a=st.booleans())
+def test_dense_defaults_never_fall_back_to_the_smallest_schedule(m, n, k, trans_a):
+    """Every default of the weight path passes the space's rule on its first try: the fallback (one row
+    of 4 lanes) would be correct but slow."""
+    from stages.templates.gemm_schedule import SMALLEST
+
+    for target in (preset("x86-64-avx512"), preset("x86-64-avx2"), HOST):
+        task = dense.task(m, n, k, trans_a=trans_a)
+        knobs = dense.default_config(task, target).knobs
+        assert dense.space(task, target).reason(knobs) is None
+        assert knobs != SMALLEST or n <= 4
+
+
+@pytest.mark.parametrize("m,n,k,chain", [(40, 520, 200, "bias,gelu"), (13, 300, 96, "residual_add"),
+                                         (7, 1000, 33, "")])
+@pytest.mark.parametrize("threads", [1, 2])
+def test_dense_weight_streaming_default_matches_numpy(m, n, k, chain, threads):
+    """The transformer-like default (all of M in one block, N split, even K blocks, ragged M/N/K edges)."""
+    task = dense.task(m, n, k, parse_epilogue(chain))
+    knobs = dense.default_config(task, HOST).knobs
+    assert knobs["par"] == "n" and int(knobs["mc"]) * int(knobs["mr"]) >= m
+    ok, err = _run(task, threads=threads)
+    assert ok, err

@@ -4,6 +4,8 @@ Knobs: register tile `mr` rows x `nv` vectors of `vw` lanes; cache blocks `kc` (
 tiles (M) and `nc` panels (N) — BLIS's KC/MC/NC; `uk` unrolls the K loop; `order` puts panels
 or row tiles innermost; `pack_a` packs A per `mc x kc` block; `par` picks the axis whose blocks
 the threads split, or `none` to run on one thread (work too small to pay for starting threads).
+The default has two rules: the general one, and one for a packed weight with few rows of A (a
+transformer's dense layers), which reads the weight once (`_weight_blocks`).
 """
 
 from __future__ import annotations
@@ -58,15 +60,18 @@ def gemm_space(m: int, n: int, k: int, target: Target) -> ConfigSpace:
     return ConfigSpace(knobs=knobs, rule=rule)
 
 
-def default_gemm(m: int, n: int, k: int, target: Target, batch: int = 1, what: str = "") -> Config:
+def default_gemm(m: int, n: int, k: int, target: Target, batch: int = 1, what: str = "",
+                 packed_b: bool = False) -> Config:
     """BLIS-like heuristic: widest vectors; a register tile wide on N (4 vectors with 32 registers,
     2 with 16) and as many rows as the rest of the register file holds (6x4 of 16 lanes on AVX-512:
-    fewer loads per FMA than 14x2); a K block of up to 256 (the B micro-panel streams from L2, the
-    A micro-panel stays in L1); the packed A block in half of L2 (mc); the B block in a quarter of L3
-    (nc); threads split M when it has tiles enough, else N, in two blocks per core or more (balance);
-    work under SMALL_FLOPS runs on one thread (the pool's handshake costs a few microseconds). Checked
-    by the space's rule, with fallbacks: less K unrolling, then the smallest schedule (`what` names
-    the task in the error if even that failed)."""
+    fewer loads per FMA than 14x2). A packed weight B with few rows of A (`_weight_blocks`: a
+    transformer's dense layers) streams B once: all of M in one block, threads split N. Otherwise a
+    K block of up to 256 (the B micro-panel streams from L2, the A micro-panel stays in L1); the
+    packed A block in half of L2 (mc); the B block in a quarter of L3 (nc); threads split M when it
+    has tiles enough, else N, in two blocks per core or more (balance). Work under SMALL_FLOPS runs
+    on one thread (the pool's handshake costs a few microseconds). Checked by the space's rule, with
+    fallbacks: less K unrolling, then the smallest schedule (`what` names the task in the error if
+    even that failed)."""
     sp = gemm_space(m, n, k, target)
     vw = target.vector_lanes
     while vw > VW[0] and vw // 2 >= n:
@@ -74,27 +79,66 @@ def default_gemm(m: int, n: int, k: int, target: Target, batch: int = 1, what: s
     nv = max(1, min(4 if target.vector_registers >= 32 else 2, -(-n // vw)))
     mr = max(r for r in MR if r * nv + nv + 1 <= target.vector_registers and r <= m)
     nr = nv * vw
-    kc = _fit(KC, 256, k)
     tiles, panels = -(-m // mr), -(-n // nr)
-    mc = _fit(MC, max(1, min(target.l2_bytes // 2, PACK_A_LIMIT) // (kc * 4 * mr)), tiles)
-    nc = _fit(NC, max(1, target.l3_bytes // 4 // (kc * 4 * nr)), panels)
     cores = target.cores
-    par = "m" if tiles >= 2 * cores else "n"
+    blocks = _weight_blocks(m, k, mr, nr, tiles, panels, target) if packed_b else None
+    if blocks is not None:
+        kc, mc, nc = blocks
+        par = "n"
+    else:
+        kc = _fit(KC, 256, k)
+        mc = _fit(MC, max(1, min(target.l2_bytes // 2, PACK_A_LIMIT) // (kc * 4 * mr)), tiles)
+        nc = _fit(NC, max(1, target.l3_bytes // 4 // (kc * 4 * nr)), panels)
+        par = "m" if tiles >= 2 * cores else "n"
+        if par == "m":
+            mc = min(mc, max(c for c in MC if c <= max(1, tiles // (2 * cores))))
+        else:
+            nc = min(nc, max(c for c in NC if c <= max(1, panels // (2 * cores))))
     if 2 * m * n * k * batch < SMALL_FLOPS:
         par = "none"
-    if par == "m":
-        mc = min(mc, max(c for c in MC if c <= max(1, tiles // (2 * cores))))
-    else:
-        nc = min(nc, max(c for c in NC if c <= max(1, panels // (2 * cores))))
     knobs: Knobs = {"mr": mr, "nv": nv, "vw": vw, "kc": kc, "mc": mc, "nc": nc, "uk": 4, "order": "jr_ir",
                     "pack_a": int(m > 4 * mr), "par": par}
     candidates = [{**knobs, "uk": uk} for uk in (4, 2, 1)]
     return first_valid(sp, [*candidates, SMALLEST], f"{what or f'GEMM {m}x{n}x{k}'} on {target.name}")
 
 
+def _weight_blocks(m: int, k: int, mr: int, nr: int, tiles: int, panels: int,
+                   target: Target) -> tuple[int, int, int] | None:
+    """(kc, mc, nc) that read a packed weight B exactly once, or None where that does not fit.
+
+    A model's weights do not stay in cache from one run to the next (ViT-B/16 holds 340 MB of them),
+    so B comes from memory, and the general rule, whose threads split M, streams all of B once per M
+    block: ViT-B/16's 3072- and 2304-wide layers ran at 84 GFLOPS in the model against 160-230 alone
+    with hot caches (Zen 5, 1 thread). Here one M block holds all of A (packed per K block, in half
+    of L2), threads split N into blocks of `nc` panels, and each B micro-panel is read once and used
+    by every row tile. K blocks: as few as fit, of even size (K=768 -> 2 x 384, not 512 + 256). The
+    C block an item revisits on each K block stays within a quarter of L2; among the `nc` that keep
+    it there, the one that gives the busiest thread the fewest panels (then the largest, for fewer
+    A packings)."""
+    cores = target.cores
+    if tiles > MC[-1] or panels < 2 * cores:
+        return None
+    mc = _fit(MC, MC[-1], tiles)
+    room = min(target.l2_bytes // 2, PACK_A_LIMIT)
+    fitting = [c for c in KC if tiles * mr * c * 4 <= room and mc * mr * c * 4 <= PACK_A_LIMIT]
+    if not fitting:
+        return None
+    fewest = -(-k // max(fitting))
+    kc = min(c for c in fitting if -(-k // c) == fewest)
+    allowed = [c for c in NC if c == 1 or (c <= panels and tiles * mr * c * nr * 4 <= target.l2_bytes // 4)]
+    nc = min(allowed, key=lambda c: (_busiest(panels, c, cores), -c))
+    return kc, mc, nc
+
+
 # One row, one 4-lane vector, the smallest blocks, one thread: every rule of `gemm_space` accepts it.
 SMALLEST: Knobs = {"mr": 1, "nv": 1, "vw": VW[0], "kc": KC[0], "mc": 1, "nc": 1, "uk": 1, "order": "jr_ir",
                    "pack_a": 0, "par": "none"}
+
+
+def _busiest(panels: int, nc: int, cores: int) -> int:
+    """Panels the busiest thread computes when blocks of `nc` panels are dealt out to `cores` threads."""
+    blocks = -(-panels // nc)
+    return -(-blocks // cores) * nc
 
 
 def _fit(choices: tuple[int, ...], want: int, extent: int) -> int:
