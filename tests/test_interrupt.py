@@ -79,9 +79,12 @@ from tunaflow import cli
 
 @cli.app.command("swallow")
 def swallow() -> None:
-    print("ready", flush=True)
+    ready = False
     while True:  # a library that catches KeyboardInterrupt and goes on
-        try:
+        try:  # "ready" inside the try: a SIGINT right after it is swallowed too, not a race the test loses
+            if not ready:
+                print("ready", flush=True)
+                ready = True
             time.sleep(60)
         except KeyboardInterrupt:
             pass
