@@ -17,7 +17,7 @@ from schemas.task import parse_epilogue
 from stages.codegen.compile import compile_ir
 from stages.codegen.jit import LoadedKernel
 from stages.templates import TEMPLATES, qconv2d
-from stages.templates.qgemm_isa import available
+from stages.templates.qgemm_isa import LANES, available
 
 HOST = Target.host()
 AVX2 = preset("x86-64-avx2")
@@ -31,6 +31,8 @@ CASES = {  # x shape, w shape, strides, pads, dilations, group, dtypes, zero poi
                                 -3, "relu"),
     "depthwise": ((1, 5, 10, 9), (5, 1, 3, 3), (1, 2), (1, 1, 1, 1), (1, 1), 5, "uint8", "uint8", 200, 0,
                   "clip:10:200"),
+    "depthwise-x2-signed": ((2, 3, 13, 37), (6, 1, 5, 3), (2, 1), (2, 1, 1, 0), (1, 2), 3, "int8", "uint8", -20, 7,
+                            "relu"),
     "1x1-odd": ((1, 5, 7, 3), (3, 5, 1, 1), (1, 1), (0, 0, 0, 0), (1, 1), 1, "uint8", "int8", 0, 9, ""),
 }
 
@@ -69,6 +71,31 @@ def test_exact_on_every_path(target, isa, case, axis):
     ref = qconv2d.reference(task, inputs)
     assert len(np.unique(ref)) > 3
     np.testing.assert_array_equal(_run(task, target, _on(target, isa, task, axis), inputs), ref)
+
+
+@pytest.mark.parametrize(("target", "isa"), PATHS, ids=[f"{t.name}-{i}" for t, i in PATHS])
+@pytest.mark.parametrize("case", ["depthwise", "depthwise-x2-signed"])
+@pytest.mark.parametrize(("rh", "nv"), [(1, 1), (3, 2)])
+def test_depthwise_path_exact(target, isa, case, rh, nv):
+    """The packless depthwise kernel (`axis=dw`): strides, dilations, asymmetric pads, 2 channels per
+    input channel, int8 input, row and column tiles past the output's edge, 2 threads over a batch."""
+    task = _task(case)
+    nv = min(nv, -(-task.outputs[0].shape[3] // LANES[isa]))
+    knobs = {"isa": isa, "mr": 1, "rh": rh, "nv": nv, "uk": 1, "order": "ot_rt", "axis": "dw"}
+    assert qconv2d.space(task, target).reason(knobs) is None
+    inputs = qconv2d.make_inputs(task, seed=3)
+    ref = qconv2d.reference(task, inputs)
+    assert len(np.unique(ref)) > 3
+    np.testing.assert_array_equal(_run(task, target, knobs, inputs, threads=2), ref)
+
+
+def test_depthwise_default_and_rule():
+    """Depthwise 3x3 convs default to the packless path; it refuses convs with several input channels a group."""
+    dw = qconv2d.task((1, 32, 56, 56), (32, 1, 3, 3), (2, 2), (1, 1, 1, 1), group=32)
+    assert qconv2d.default_config(dw, HOST).knobs["axis"] == "dw"
+    grouped = _task("strided-dilated-grouped")
+    knobs = {"isa": "generic", "mr": 1, "rh": 1, "nv": 1, "uk": 1, "order": "ot_rt", "axis": "dw"}
+    assert "one input channel" in qconv2d.space(grouped, NO_AVX).reason(knobs)
 
 
 def test_padding_reads_the_zero_point():

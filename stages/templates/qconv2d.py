@@ -20,6 +20,7 @@ from schemas.task import EpilogueOp, TensorSpec, TuningTask
 from stages.templates import qgemm_requant
 from stages.templates.conv2d_shape import conv2d_task, conv_cli_args, geom
 from stages.templates.qconv2d_codegen import build_module
+from stages.templates.qconv2d_dw import pack_weights_dw
 from stages.templates.qconv2d_plan import QConvPlan, QConvSchedule
 from stages.templates.qconv2d_schedule import default_qconv, qconv_space
 from stages.templates.qdense import ACTIVATION_DTYPES
@@ -27,7 +28,7 @@ from stages.templates.qgemm_pack import aligned, effective_zx, folded_bias, padd
 from stages.templates.space import ConfigSpace, Knobs
 
 NAME = "qconv2d"
-VERSION = 1
+VERSION = 2
 
 CLI_OPTIONS = ("input", "weight", "stride", "pad", "dilation", "groups", "epilogue")
 
@@ -117,7 +118,8 @@ def kernel_args(task: TuningTask, knobs: Knobs, inputs: list[np.ndarray]) -> lis
     p = QConvPlan(geom(task), QConvSchedule.from_knobs(knobs))
     folded = folded_bias(bias, w.reshape(w.shape[0], -1), effective_zx(task), w.shape[0])
     size = p.g.groups * p.ot * p.oc_tile
-    return [np.ascontiguousarray(x), pack_weights(w, p), padded(_per_tile(folded, p), size),
+    wp = pack_weights_dw(w) if p.s.axis == "dw" else pack_weights(w, p)
+    return [np.ascontiguousarray(x), wp, padded(_per_tile(folded, p), size),
             padded(_per_tile(scale, p), size), aligned((p.workspace,), "uint8"),
             aligned(task.outputs[0].shape, task.outputs[0].dtype)]
 

@@ -35,6 +35,7 @@ from stages.codegen.irb import (
 from stages.codegen.parallel import body_args, emit_main, emit_phases, range_body
 from stages.templates import qgemm_isa as isa_
 from stages.templates import qgemm_requant as rq_
+from stages.templates.qconv2d_dw import emit_dw
 from stages.templates.qconv2d_plan import PACK_COLS, QConvPlan
 from stages.templates.qgemm_codegen import row_mask, store_bytes
 from stages.templates.qgemm_isa import I8, PARTS, ivec
@@ -274,10 +275,15 @@ class _Conv:
 
 def build_module(name: str, p: QConvPlan, rq: rq_.Requant, zx_raw: int, signed: bool, triple: str,
                  threads: int) -> ir.Module:
-    """`tf_main(args)`: the pack, then the compute phase, each over its items on `threads` threads."""
+    """`tf_main(args)`: the pack, then the compute phase, each over its items on `threads` threads (the
+    depthwise path: its compute phase alone)."""
     mod = ir.Module(name=name)
     mod.triple = triple
     g = p.g
+    if p.s.axis == "dw":
+        add_harness(mod, emit_phases(mod, [emit_main(mod, emit_dw(mod, p, rq, zx_raw, signed), p.items, threads,
+                                                     name="tf_qconv")]))
+        return mod
     pack = emit_main(mod, emit_pack(mod, p, zx_raw, signed), g.n * g.groups * p.cb, threads, name="tf_qpack")
     conv = emit_main(mod, _Conv(p, rq).emit(mod), p.items, threads, name="tf_qconv")
     add_harness(mod, emit_phases(mod, [pack, conv]))

@@ -26,7 +26,8 @@ class QConvSchedule:
     nv: int  # vectors of output columns per tile
     uk: int  # channel-block loop unrolled
     order: str  # "ot_rt": items walk row tiles of one channel tile (weights stay in L1), "rt_ot": the reverse
-    axis: str = "w"  # what the lanes hold: output columns (weights broadcast) or output channels (pixels broadcast)
+    axis: str = "w"  # lanes hold output columns (weights broadcast), output channels (pixels broadcast), or
+    # "dw": output columns of one depthwise channel, no pack, int32 multiplies (qconv2d_dw)
 
     @property
     def lanes(self) -> int:
@@ -54,8 +55,8 @@ class QConvPlan:
 
     @property
     def oc_tile(self) -> int:
-        """Output channels per tile: `mr` rows of broadcast weights, or `nr` lanes."""
-        return self.s.mr if self.s.axis == "w" else self.nr
+        """Output channels per tile: `mr` rows of broadcast weights, `nr` lanes, or one (depthwise)."""
+        return {"w": self.s.mr, "oc": self.nr}.get(self.s.axis, 1)
 
     @property
     def ot(self) -> int:
@@ -71,7 +72,7 @@ class QConvPlan:
 
     @property
     def ct(self) -> int:
-        return -(-self.g.ow // self.nr) if self.s.axis == "w" else 1
+        return 1 if self.s.axis == "oc" else -(-self.g.ow // self.nr)
 
     @property
     def hp(self) -> int:
@@ -91,6 +92,8 @@ class QConvPlan:
 
     @property
     def workspace(self) -> int:
+        if self.s.axis == "dw":
+            return 64
         return self.g.n * self.g.groups * self.cb * self.plane
 
     @property

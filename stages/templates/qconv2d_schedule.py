@@ -19,7 +19,7 @@ RH = (1, 2, 3, 4)
 NV = (1, 2, 3, 4)
 UK = (1, 2, 4)
 ORDER = ("ot_rt", "rt_ot")
-AXIS = ("w", "oc")
+AXIS = ("w", "oc", "dw")
 MAX_UNROLLED_DOTS = 1024  # taps x tile: keeps a candidate's compile time down
 # Lanes on output channels by default for narrow layers with channels enough (measured on ResNet-50's
 # 14x14 and 7x7 layers: 1.3-3.8x the column-lanes tile, which leaves lanes idle past 7 or 14 columns)
@@ -41,6 +41,8 @@ def qconv_space(g: ConvGeom, target: Target) -> ConfigSpace:
         lanes = LANES[isa]
         if isa not in paths:
             return f"isa={isa} is not available on {target.name} (it runs {', '.join(paths)})"
+        if axis == "dw":
+            return _dw_rule(g, isa, mr, rh, nv, uk, c["order"], registers(isa, target))
         if axis == "oc":
             return _oc_rule(g, isa, mr, rh, nv, uk, blocks, registers(isa, target))
         need = tile_registers(isa, mr, rh, nv)
@@ -82,6 +84,21 @@ def _oc_rule(g: ConvGeom, isa: str, mr: int, rh: int, nv: int, uk: int, blocks: 
     return None
 
 
+def _dw_rule(g: ConvGeom, isa: str, mr: int, rh: int, nv: int, uk: int, order: object, regs: int) -> str | None:
+    """Depthwise path (one input channel a group): an `rh` rows x `nv` column vectors tile of one channel."""
+    if g.icg != 1:
+        return f"axis=dw needs one input channel a group, the conv has {g.icg}"
+    if mr != 1 or uk != 1 or order != "ot_rt":
+        return "axis=dw has one channel a tile and no channel loop: mr=1, uk=1, order=ot_rt"
+    if 2 * rh * nv + 2 > regs:
+        return f"a {rh}x{nv} depthwise tile needs {2 * rh * nv + 2} vector registers, {regs} exist"
+    if rh > g.oh:
+        return f"rh={rh} exceeds the {g.oh} output rows"
+    if (nv - 1) * LANES[isa] >= g.ow:
+        return f"nv={nv} vectors of {LANES[isa]} leave a whole vector past the {g.ow} output columns"
+    return None
+
+
 def default_qconv(g: ConvGeom, target: Target, what: str = "") -> Config:
     """Narrow layers with many channels (OW <= 14, 64+ channels a group): lanes on output channels, a
     6 pixels x 4 vectors tile (12 x 2 for 1x1 windows). Otherwise lanes on output columns: the fastest
@@ -102,6 +119,12 @@ def default_qconv(g: ConvGeom, target: Target, what: str = "") -> Config:
     knobs: Knobs = {"isa": isa, "mr": mr, "rh": rh, "nv": nv, "uk": uk, "order": "ot_rt", "axis": "w"}
     wide = paths[0]
     oc_tiles = []
+    if g.icg == 1 and g.kh * g.kw > 1:
+        # depthwise: the direct kernel would use 1 of each 4-byte group; 16 columns a vector unless
+        # that wastes a third of them, rows and vectors to hold about 8 accumulators
+        dnv = max(1, min(NV[-1], -(-g.ow // lanes)))
+        oc_tiles.append({"isa": isa, "mr": 1, "rh": max(1, min(max(RH), g.oh, 8 // dnv)), "nv": dnv, "uk": 1,
+                         "order": "ot_rt", "axis": "dw"})
     if g.ow <= OC_AXIS_MAX_OW and g.ocg >= OC_AXIS_MIN_OC and wide != "generic":
         # 1x1 windows: a narrower panel (2 vectors) stays in L1 over the whole reduction
         onv, omr = (4, 6) if g.kh * g.kw > 1 else (2, 12)

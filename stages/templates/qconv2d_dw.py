@@ -1,0 +1,115 @@
+"""LLVM IR of the depthwise int8 conv (`qconv2d` with one input channel a group, `axis="dw"`).
+
+The direct kernel's 4-byte channel groups hold one real channel here, so 3/4 of every `vpdpbusd`
+is spent on zeros, and its pack writes 4 bytes per input byte. This path skips the pack: lanes hold
+output columns of one channel; each window tap is one masked byte load straight from the NCHW input
+(`lanes x sw` bytes, out-of-image columns and rows read as the zero point, then one shuffle picks the
+stride phase), widened to int32 and multiplied by the tap's weight (broadcast). Input rows are loaded
+once per register tile of `rh` rows x `nv` vectors and shared by the taps that reach them. The
+requantize epilogue runs in registers, one masked byte store per vector into NCHW.
+Items: image x output channel x row tile; kernel arguments `[X, W (int32 [oc][kh*kw]), B folded, S,
+workspace (unused), Y]`.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from llvmlite import ir
+
+from stages.codegen.irb import F32, I1, I32, I64, VOIDP, add, for_range, gep, i64, intrinsic, mul, prefix_mask, smin
+from stages.codegen.parallel import body_args, range_body
+from stages.templates import qgemm_requant as rq_
+from stages.templates.qconv2d_plan import QConvPlan
+from stages.templates.qgemm_codegen import row_mask, store_bytes
+from stages.templates.qgemm_isa import I8, ivec, splat_i32
+from stages.templates.qgemm_pack import aligned
+
+I8P = I8.as_pointer()
+
+
+def pack_weights_dw(w: np.ndarray) -> np.ndarray:
+    """OIHW int8 (I == 1) → int32 [oc][kh * kw], one scalar per tap for the broadcast."""
+    out = aligned((w.shape[0], w.shape[2] * w.shape[3]), "int32")
+    out[...] = w.reshape(w.shape[0], -1)
+    return out
+
+
+def _splat(b: ir.IRBuilder, x: ir.Value, ty: ir.VectorType) -> ir.Value:
+    v = b.insert_element(ir.Constant(ty, ir.Undefined), x, ir.Constant(I32, 0))
+    return b.shuffle_vector(v, ir.Constant(ty, ir.Undefined), ir.Constant(ivec(ty.count), None))
+
+
+def emit_dw(mod: ir.Module, p: QConvPlan, rq: rq_.Requant, zx_raw: int, signed: bool) -> ir.Function:
+    """The range body over items (image, output channel, row tile), each looping over its column tiles."""
+    g, s = p.g, p.s
+    lanes, nr, taps = s.lanes, p.nr, g.kh * g.kw
+    width = lanes * g.sw
+    bty = ir.VectorType(I8, width)
+    vty, fty = ivec(lanes), ir.VectorType(F32, lanes)
+    load = intrinsic(mod, f"llvm.masked.load.v{width}i8.p0", bty,
+                     [bty.as_pointer(), I32, ir.VectorType(I1, width), bty])
+    zpad = ir.Constant(bty, [zx_raw & 0xFF] * width)
+    wide_lane = ir.Constant(ir.VectorType(I64, width), list(range(width)))
+    fn, b = range_body(mod, "tf_qconv_dw_range")
+    x, w, bias, scale, _, y = (b.bitcast(v, VOIDP) for v in body_args(b, fn, 6))
+    with for_range(b, fn.args[1], fn.args[2], name="item", unroll=False) as item:
+        no, rt = b.sdiv(item, i64(p.rt)), b.srem(item, i64(p.rt))
+        n, oc = b.sdiv(no, i64(g.oc)), b.srem(no, i64(g.oc))
+        grp = b.sdiv(oc, i64(g.ocg))
+        xplane = gep(b, b.bitcast(x, I8P), mul(b, add(b, mul(b, n, i64(g.c)), grp), i64(g.h * g.w)))
+        yplane = gep(b, b.bitcast(y, I8P), mul(b, add(b, mul(b, n, i64(g.oc)), oc), i64(g.oh * g.ow)))
+        wrow = gep(b, b.bitcast(w, I32.as_pointer()), mul(b, oc, i64(taps)))
+        wv = [splat_i32(b, b.load(gep(b, wrow, i64(t)), align=4), lanes) for t in range(taps)]
+        bv = splat_i32(b, b.load(gep(b, b.bitcast(bias, I32.as_pointer()), oc), align=4), lanes)
+        sv = _splat(b, b.load(gep(b, b.bitcast(scale, F32.as_pointer()), oc), align=4), fty)
+        oh0 = mul(b, rt, i64(s.rh))
+        ohs = [smin(b, add(b, oh0, i64(r)), i64(g.oh - 1)) for r in range(s.rh)]
+        with for_range(b, i64(0), i64(p.ct), name="ct", unroll=False) as ct:
+            ow0 = mul(b, ct, i64(nr))
+            accs = {(r, j): ir.Constant(vty, [0] * lanes) for r in range(s.rh) for j in range(s.nv)}
+            rows: dict[int, tuple[ir.Value, ir.Value]] = {}
+            loads: dict[tuple[int, int, int], ir.Value] = {}
+            for r in range(s.rh):
+                for kh in range(g.kh):
+                    ro = r * g.sh + kh * g.dh  # input row offset from the tile's first window row
+                    if ro not in rows:
+                        ih = add(b, b.sub(mul(b, oh0, i64(g.sh)), i64(g.pt)), i64(ro))
+                        ok = b.icmp_unsigned("<", ih, i64(g.h))
+                        rows[ro] = (ok, gep(b, xplane, mul(b, b.select(ok, ih, i64(0)), i64(g.w))))
+                    ok, src = rows[ro]
+                    for kw in range(g.kw):
+                        for j in range(s.nv):
+                            key = (ro, kw, j)
+                            if key not in loads:
+                                loads[key] = _tap(b, load, zpad, wide_lane, ok, src, ow0, j * lanes, kw, p, signed)
+                            k = (r, j)
+                            accs[k] = b.add(accs[k], b.mul(loads[key], wv[kh * g.kw + kw]))
+            cols = b.trunc(smin(b, i64(nr), b.sub(i64(g.ow), ow0)), I32)
+            for r in range(s.rh):
+                ok = b.icmp_signed("<", add(b, oh0, i64(r)), i64(g.oh)) if (g.oh % s.rh and r) else None
+                row = gep(b, yplane, add(b, mul(b, ohs[r], i64(g.ow)), ow0))
+                for j in range(s.nv):
+                    cm = prefix_mask(b, cols, lanes, j * lanes) if g.ow % nr else None
+                    out = rq_.emit(b, rq, b.add(accs[r, j], bv), sv, s.isa != "generic")
+                    store_bytes(b, out, gep(b, row, i64(j * lanes)), row_mask(b, ok, cm, lanes))
+    b.ret_void()
+    return fn
+
+
+def _tap(b: ir.IRBuilder, load: ir.Function, zpad: ir.Constant, wide_lane: ir.Constant, row_ok: ir.Value,
+         src: ir.Value, ow0: ir.Value, j0: int, kw: int, p: QConvPlan, signed: bool) -> ir.Value:
+    """`<lanes x i32>` inputs one tap reads for output columns `ow0 + j0 + [0, lanes)` of a row."""
+    g, lanes = p.g, p.s.lanes
+    width = lanes * g.sw
+    col0 = add(b, b.sub(mul(b, add(b, ow0, i64(j0)), i64(g.sw)), i64(g.pl)), i64(kw * g.dw))
+    colv = b.add(_splat(b, col0, ir.VectorType(I64, width)), wide_lane)
+    mask = b.icmp_unsigned("<", colv, ir.Constant(ir.VectorType(I64, width), [g.w] * width))
+    mask = b.and_(mask, b.select(row_ok, ir.Constant(mask.type, [1] * width), ir.Constant(mask.type, [0] * width)))
+    ptr = b.bitcast(b.gep(src, [col0]), zpad.type.as_pointer())
+    v = b.call(load, [ptr, ir.Constant(I32, 1), mask, zpad])
+    if g.sw > 1:
+        v = b.shuffle_vector(v, ir.Constant(v.type, ir.Undefined), ir.Constant(ivec(lanes), [c * g.sw
+                                                                                           for c in range(lanes)]))
+    if signed:
+        v = b.xor(v, ir.Constant(v.type, [0x80] * lanes))
+    return b.zext(v, ivec(lanes))
