@@ -16,6 +16,7 @@ from stages.log import TuningLog
 from stages.search import make_tuner
 from stages.search.base import TunerContext
 from stages.search.codec import SpaceCodec
+from stages.search.lgbm import ModelTuner
 from stages.templates import template_for
 from stages.tune.session import TuningSession
 from stages.tune.simulate import load_samples
@@ -186,7 +187,9 @@ def test_transfer_trains_the_model_before_any_measurement(small, other, host):
                        transfer=tuple(other.records.values()))
     tuner = make_tuner("lgbm", ctx)
     assert tuner._trained
-    cold = make_tuner("lgbm", TunerContext(space=small.space, task=small.task, target=host, seed=0))
+    # against the same tuner without transfer and without the default-config prior: what a model knows
+    # before its first measurement comes from the transfer records alone
+    cold = ModelTuner(TunerContext(space=small.space, task=small.task, target=host, seed=0), prior=False)
     assert not cold._trained
     warm_first, cold_first = tuner.next_batch(8), cold.next_batch(8)
     assert len({c.index for c in warm_first}) == 8
