@@ -31,21 +31,30 @@ def monotonic_clock(b: ir.IRBuilder) -> Callable[[], ir.Value]:
     return now
 
 
+def ret_mean_time(b: ir.IRBuilder, number: ir.Value, call: Callable[[], object],
+                  before: Callable[[], None]) -> None:
+    """Emit `number` rounds of `before()` (untimed) then `call()` (timed) and return the mean seconds per call."""
+    now = monotonic_clock(b)
+    total = b.alloca(F64)
+    b.store(ir.Constant(F64, 0.0), total)
+    with for_range(b, i64(0), number, name="call"):
+        before()
+        t0 = now()
+        call()
+        t1 = now()
+        b.store(b.fadd(b.load(total), b.fsub(t1, t0)), total)
+    b.ret(b.fdiv(b.load(total), b.sitofp(number, F64)))
+
+
 def add_harness(module: ir.Module, main: ir.Function) -> ir.Function:
     fn = ir.Function(module, ir.FunctionType(F64, [VOIDP, I64, F32P, I64]), name="tf_bench")
     args, number, flush, flush_len = fn.args
     b = ir.IRBuilder(fn.append_basic_block("entry"))
-    now = monotonic_clock(b)
-    total = b.alloca(F64)
-    b.store(ir.Constant(F64, 0.0), total)
 
-    with for_range(b, i64(0), number, name="call"):
+    def evict() -> None:
         with for_range(b, i64(0), flush_len, name="f") as j:
             p = gep(b, flush, j)
             b.store(b.fadd(b.load(p), ir.Constant(F32, 1.0)), p)
-        t0 = now()
-        b.call(main, [args])
-        t1 = now()
-        b.store(b.fadd(b.load(total), b.fsub(t1, t0)), total)
-    b.ret(b.fdiv(b.load(total), b.sitofp(number, F64)))
+
+    ret_mean_time(b, number, lambda: b.call(main, [args]), evict)
     return fn

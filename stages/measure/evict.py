@@ -19,7 +19,7 @@ import llvmlite.binding as llvm
 import numpy as np
 from llvmlite import ir
 
-from stages.codegen.harness import monotonic_clock
+from stages.codegen.harness import ret_mean_time
 from stages.codegen.irb import F64, I64, VOIDP, for_range, i64
 
 LINE = 64
@@ -43,21 +43,16 @@ def _module(flush_name: str) -> ir.Module:
     fence = ir.Function(mod, ir.FunctionType(ir.VoidType(), []), name="llvm.x86.sse2.mfence")
     main, args, number, ptrs, sizes, n = fn.args
     b = ir.IRBuilder(fn.append_basic_block("entry"))
-    now = monotonic_clock(b)
-    total = b.alloca(F64)
-    b.store(ir.Constant(F64, 0.0), total)
-    with for_range(b, i64(0), number, name="call"):
+
+    def evict() -> None:
         with for_range(b, i64(0), n, name="r") as r:
             base = b.load(b.gep(ptrs, [r]))
             lines = b.udiv(b.add(b.load(b.gep(sizes, [r])), i64(LINE - 1)), i64(LINE))
             with for_range(b, i64(0), lines, name="l") as j:
                 b.call(flush, [b.gep(base, [b.mul(j, i64(LINE))])])
         b.call(fence, [])
-        t0 = now()
-        b.call(main, [args])
-        t1 = now()
-        b.store(b.fadd(b.load(total), b.fsub(t1, t0)), total)
-    b.ret(b.fdiv(b.load(total), b.sitofp(number, F64)))
+
+    ret_mean_time(b, number, lambda: b.call(main, [args]), evict)
     return mod
 
 
