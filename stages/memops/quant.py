@@ -1,6 +1,6 @@
 """Run-time kernels of the quantized ops: Quantize/DequantizeLinear, DynamicQuantizeLinear, ConvInteger,
-MatMulInteger, an int8 MaxPool, Add (`qadd`) and AveragePool (`qavgpool`), and the canonical int8 anchors
-`qconv2d` / `qdense` (arithmetic in stages/graph/reference_quant.py).
+MatMulInteger, Add (`qadd`) and AveragePool (`qavgpool`), and the canonical int8 anchors `qconv2d` / `qdense`
+(arithmetic in stages/graph/reference_quant.py); the int8 MaxPool is in stages/memops/quant_pool.py.
 
 Integer products accumulate exactly in int32; a float is rounded half to even (`llvm.roundeven`, what
 `cvtps2dq` does under the default MXCSR) and saturated in float before the conversion, so NaN becomes 0 and
@@ -18,10 +18,10 @@ import numpy as np
 from llvmlite import ir
 
 from stages.codegen.irb import F32, I32, add, for_range, gep, i64, intrinsic, mul
-from stages.graph.reference import pool_out
 from stages.graph.reference_quant import limits
 from stages.memops.loops import Operand, broadcast_strides, contiguous_strides, emit_map, f32, select_max, select_min
 from stages.memops.opctx import OpCtx
+from stages.memops.quant_pool import max_pool_int8
 
 I8 = ir.IntType(8)
 
@@ -271,38 +271,6 @@ def matmul_integer(ctx: OpCtx) -> None:
                 bv = b.sub(widen(b, b.load(gep(b, w, add(b, mul(b, kk, i64(n)), j)), align=1), wd), zb)
                 slot = gep(b, y, add(b, orow, j))
                 b.store(b.add(b.load(slot, align=4), b.mul(av, bv)), slot, align=4)
-
-
-def max_pool_int8(ctx: OpCtx) -> None:
-    """MaxPool of uint8/int8 planes (padding never wins: a window always holds a real element)."""
-    *lead, h, wd = ctx.in_shape()
-    oh, ow = ctx.out_shape()[-2:]
-    kh, kw = ctx.attr("kernel_shape")
-    (sh, sw), (dh, dw) = ctx.attr("strides"), ctx.attr("dilations", (1, 1))
-    pt, pl = ctx.attr("pads")[:2]
-    assert (oh, ow) == (pool_out(h, kh, sh, pt, ctx.attr("pads")[2], dh, ctx.attr("ceil_mode", 0)),
-                        pool_out(wd, kw, sw, pl, ctx.attr("pads")[3], dw, ctx.attr("ceil_mode", 0)))
-    dtype = ctx.in_dtype()
-    signed = dtype == "int8"
-    b, x, y = ctx.b, ctx.inp(), ctx.out()
-    best = ctx.local(I32)
-    with for_range(b, i64(0), i64(math.prod(lead)), name="p") as plane:
-        with for_range(b, i64(0), i64(oh), name="oy") as oy, for_range(b, i64(0), i64(ow), name="ox") as ox:
-            b.store(ir.Constant(I32, limits(dtype)[0]), best)
-            for ky in range(kh):
-                iy = add(b, mul(b, oy, i64(sh)), i64(ky * dh - pt))
-                for kx in range(kw):
-                    ix = add(b, mul(b, ox, i64(sw)), i64(kx * dw - pl))
-                    inside = b.and_(b.and_(b.icmp_signed(">=", iy, i64(0)), b.icmp_signed("<", iy, i64(h))),
-                                    b.and_(b.icmp_signed(">=", ix, i64(0)), b.icmp_signed("<", ix, i64(wd))))
-                    with b.if_then(inside):
-                        at = add(b, mul(b, plane, i64(h * wd)), add(b, mul(b, iy, i64(wd)), ix))
-                        v = widen(b, b.load(gep(b, x, at), align=1), dtype)
-                        cur = b.load(best)
-                        b.store(b.select(b.icmp_signed(">", v, cur) if signed else b.icmp_unsigned(">", v, cur),
-                                         v, cur), best)
-            out_at = add(b, mul(b, plane, i64(oh * ow)), add(b, mul(b, oy, i64(ow)), ox))
-            b.store(b.trunc(b.load(best), I8), gep(b, y, out_at), align=1)
 
 
 def qadd(ctx: OpCtx) -> None:
