@@ -19,6 +19,7 @@ from llvmlite import ir
 
 from stages.codegen.irb import F32, I32, add, for_range, gep, i64, intrinsic, mul
 from stages.graph.reference_quant import limits
+from stages.memops import quant_flat
 from stages.memops.loops import Operand, broadcast_strides, contiguous_strides, emit_map, f32, select_max, select_min
 from stages.memops.opctx import OpCtx
 from stages.memops.quant_pool import max_pool_int8
@@ -75,6 +76,12 @@ def _params(ctx: OpCtx, rank: int) -> tuple[Operand, np.ndarray, tuple[int, ...]
 def quantize_linear(ctx: OpCtx) -> None:
     """y = saturate(round_half_even(x / scale) + zero_point)."""
     out_shape, dtype = ctx.out_shape(), ctx.out_dtype()
+    s, z = ctx.const(1), ctx.const(2)
+    if s is not None and z is not None and s.size == 1 and z.size == 1 and dtype in ("uint8", "int8") \
+            and ctx.in_dtype(0) == "float32":
+        quant_flat.quantize_per_tensor(ctx, math.prod(out_shape), float(np.float32(s.reshape(-1)[0])),
+                                       int(z.reshape(-1)[0]), dtype)
+        return
     scale, zp, pshape = _params(ctx, len(out_shape))
     ins = [Operand(ctx.inp(0), contiguous_strides(out_shape)), scale]
     if zp.size == 1:
@@ -283,9 +290,11 @@ def qadd(ctx: OpCtx) -> None:
         x, y = (b.sitofp(widen(b, val, d), F32) for val, d in zip(v, (da, db), strict=True))
         fma = intrinsic(b.module, "llvm.fma.f32", F32, [F32] * 3)
         return saturate(b, roundeven(b, b.call(fma, [x, ra, b.call(fma, [y, rb, offset])])), dtype, finite=True)
-    strides = contiguous_strides(shape)
-    emit_map(ctx.b, shape, Operand(ctx.out(), strides), [Operand(ctx.inp(0), strides), Operand(ctx.inp(1), strides)],
-             fn)
+
+    def block(b: ir.IRBuilder, start: ir.Value, count: int) -> None:
+        emit_map(b, (count,), Operand(gep(b, ctx.out(), start), (1,)),
+                 [Operand(gep(b, ctx.inp(0), start), (1,)), Operand(gep(b, ctx.inp(1), start), (1,))], fn)
+    quant_flat.split(ctx, math.prod(shape), block)
 
 
 def qavgpool(ctx: OpCtx) -> None:
