@@ -47,8 +47,9 @@ def _vcall(b: ir.IRBuilder, name: str, ret: ir.Type, *args: ir.Value) -> ir.Valu
 
 
 def _quantize(b: ir.IRBuilder, v: ir.Value, scale: float, zero: int, dtype: str) -> ir.Value:
-    """saturate(roundeven(v / scale) + zero) on `<16 x float>`, as `quant.saturate` does per element (the
-    clamps keep a NaN, the saturating conversion makes it 0)."""
+    """saturate(roundeven(v / scale) + zero) on `<16 x float>`, as `quant.saturate` does per element: the
+    clamps keep a NaN, a select makes it 0, then a plain conversion (LLVM 22 scalarises the vector
+    `fptosi.sat`: 16 compares and branches a vector)."""
     fty = vec(LANES)
     lo, hi = limits(dtype)
     q = b.fadd(_vcall(b, "llvm.roundeven.v16f32", fty, b.fdiv(v, ir.Constant(fty, [scale] * LANES))),
@@ -56,8 +57,8 @@ def _quantize(b: ir.IRBuilder, v: ir.Value, scale: float, zero: int, dtype: str)
     lo_v, hi_v = ir.Constant(fty, [float(lo)] * LANES), ir.Constant(fty, [float(hi)] * LANES)
     q = b.select(b.fcmp_unordered(">", q, lo_v), q, lo_v)
     q = b.select(b.fcmp_unordered("<", q, hi_v), q, hi_v)
-    return b.trunc(_vcall(b, "llvm.fptosi.sat.v16i32.v16f32", ir.VectorType(I32, LANES), q),
-                   ir.VectorType(ir.IntType(8), LANES))
+    q = b.select(b.fcmp_ordered("ord", q, q), q, ir.Constant(fty, [0.0] * LANES))
+    return b.trunc(b.fptosi(q, ir.VectorType(I32, LANES)), ir.VectorType(ir.IntType(8), LANES))
 
 
 def quantize_per_tensor(ctx: OpCtx, total: int, scale: float, zero: int, dtype: str) -> None:
