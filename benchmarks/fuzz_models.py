@@ -6,6 +6,11 @@ Each case (tests/support/fuzz_graphs.py) is a seeded random CNN, built with defa
 log of random valid configs (tests/support/fuzz_check.py), and compared with onnxruntime on 1 thread:
 pass iff max abs error <= 1e-3 x max |reference| on every output. Prints the counts and every failure
 (seed, case, description, error); `make_case(seed, case)` rebuilds any of them.
+
+`--int8` quantizes each case first (`quantize_static`, as users quantize) and judges the int8 builds
+(default and random tuned configs on the host, default on the x86-64-avx2 preset) by onnxruntime's int8 run
+within one quantization step, or by `onnx.reference` where onnxruntime's own rounding is off it; writes the
+`fuzz_int8` section.
 """
 
 from __future__ import annotations
@@ -49,6 +54,10 @@ def report(outcomes: list[Outcome], wall_s: float, args, command: str) -> str:
              f"Tuned builds that ran a Winograd twin: {sum(o.winograd > 0 for o in outcomes)}; builds with padded "
              f"conv hand-offs: {sum(o.halo > 0 for o in outcomes)}; anchors per build: "
              f"{statistics.mean(o.anchors for o in outcomes):.1f} on average."]
+    if args.int8:
+        lines[-1] += (f" Builds off onnxruntime's int8 output by more than a step but within a step of "
+                      f"`onnx.reference` (onnxruntime's Tanh/Erf rounding): {sum(o.ort_off for o in outcomes)} "
+                      f"in {sum(o.ort_off > 0 for o in outcomes)} cases.")
     if groups:
         lines += ["", "| failure class | cases | examples (seed:case) |", "|---|---|---|"]
         for key, members in sorted(groups.items(), key=lambda kv: -len(kv[1])):
@@ -63,11 +72,12 @@ def main(argv: list[str] | None = None) -> list[Outcome]:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--jobs", type=int, default=2, help="cases run in parallel, one process each")
     ap.add_argument("--timeout", type=float, default=300.0, help="seconds before a case counts as a hang")
+    ap.add_argument("--int8", action="store_true", help="quantize each case and judge the int8 builds")
     ap.add_argument("--no-write", action="store_true", help="print the section, leave RESULTS.md alone")
     args = ap.parse_args(argv)
     start = time.monotonic()
     outcomes = []
-    for o in run_cases(args.seed, range(args.cases), args.jobs, args.timeout):
+    for o in run_cases(args.seed, range(args.cases), args.jobs, args.timeout, args.int8):
         outcomes.append(o)
         if o.status != "pass":
             print(f"{o.status.upper()} seed {o.seed} case {o.index} ({o.seconds:.1f} s): {o.description}\n"
@@ -77,10 +87,15 @@ def main(argv: list[str] | None = None) -> list[Outcome]:
     outcomes.sort(key=lambda o: o.index)
     command = COMMAND + "".join(f" --{k} {v}" for k, v, d in (("cases", args.cases, 1000), ("seed", args.seed, 0),
                                                               ("jobs", args.jobs, 2)) if v != d)
+    command += " --int8" if args.int8 else ""
     body = report(outcomes, time.monotonic() - start, args, command)
     print(body)
     if not args.no_write:
-        replace_section("fuzz", "Differential fuzzing of whole CNN graphs (`benchmarks/fuzz_models.py`)", body)
+        if args.int8:
+            replace_section("fuzz_int8", "Differential fuzzing of quantized CNN graphs (`benchmarks/fuzz_models.py "
+                                         "--int8`)", body)
+        else:
+            replace_section("fuzz", "Differential fuzzing of whole CNN graphs (`benchmarks/fuzz_models.py`)", body)
     return outcomes
 
 

@@ -13,6 +13,7 @@ from support.fuzz_graphs import ACTS, make_case
 
 SEED = 20261201
 CASES = 50
+INT8_CASES = 20
 # Blocks and attributes the fixed set must reach, by their words in the case descriptions.
 COVERED = ("res[", "down[", "mb[", "cat[", "se[", "gap", "fc>", "max", "avg", "ceil", "incl", "dw", "+bn", "d2",
            "s2", "out:", "t1 ", "t2 ") + tuple(f"+{a}" for a in ACTS)
@@ -48,3 +49,30 @@ def test_seeded_random_models_match_onnxruntime():
               for o in outcomes if o.status != "pass"]
     assert not failed, f"{counts(outcomes)}\n" + "\n".join(failed)
     assert sum(o.winograd > 0 for o in outcomes) >= 5 and sum(o.halo > 0 for o in outcomes) >= 5
+
+
+def test_the_int8_checker_counts_steps_and_falls_back_to_the_onnx_reference(tmp_path, monkeypatch):
+    """Two steps off onnxruntime alone passes (onnxruntime's rounding, counted); off both, it is a mismatch."""
+    case = fuzz_check.quantized(make_case(SEED, 2))
+    steps = fuzz_check.output_steps(case.model)
+    assert steps and all(v > 0 for v in steps.values())
+    want = fuzz_check.reference(case)
+    shifted = {k: v + 2 * steps.get(k, 0.0) for k, v in want.items()}
+    monkeypatch.setattr(fuzz_check, "quantized", lambda c: case)
+    monkeypatch.setattr(fuzz_check, "reference", lambda c: shifted)
+    out = check(case, tmp_path / "a", int8=True)
+    assert out.status == "pass" and out.ort_off == 3, out
+    monkeypatch.setattr(fuzz_check, "spec_outputs", lambda model, feeds: shifted)
+    out = check(case, tmp_path / "b", int8=True)
+    assert out.status == "mismatch" and "2 quantization steps" in out.detail, out
+
+
+@pytest.mark.filterwarnings("ignore::DeprecationWarning")
+def test_seeded_random_quantized_models_match_onnxruntime_int8():
+    """The same generator's graphs quantized by onnxruntime's quantize_static, built (default and random tuned
+    configs on the host, default on the x86-64-avx2 preset) and judged within one quantization step."""
+    outcomes = sorted(run_cases(SEED, range(INT8_CASES), jobs=2, int8=True), key=lambda o: o.index)
+    failed = [f"{o.status} seed {o.seed} case {o.index}: {o.description}\n    {o.detail}"
+              for o in outcomes if o.status != "pass"]
+    assert not failed, f"{counts(outcomes)}\n" + "\n".join(failed)
+    assert sum(o.anchors for o in outcomes) >= INT8_CASES

@@ -5,6 +5,15 @@ every anchor task and its Winograd twin (random costs, so the build sometimes ru
 run on the case's seeded inputs. A build passes iff on every output max |got - want| <= 1e-3 *
 max |want|. Cases run in processes forked from a clean server, so a segfault or a hang is a
 recorded crash, not a dead fuzzer.
+
+With `int8`, the case is first quantized as users do (onnxruntime's `quantize_static`: QDQ, per-channel
+int8 weights, uint8 activations, calibrated on two random inputs) and judged by onnxruntime's int8 run:
+every element of an output a DequantizeLinear produces within one quantization step (other outputs: the
+float rule). Builds: default and random tuned configs on the host, and the default build on the
+`x86-64-avx2` preset (the fallback kernels). Where onnxruntime's float islands round differently from
+ONNX's definition (its Tanh and Erf approximations flip a step that later layers amplify), a build that
+disagrees with onnxruntime still passes if it agrees, by the same rule, with `onnx.reference` running the
+quantized model; such builds are counted in `ort_off`.
 """
 
 from __future__ import annotations
@@ -20,10 +29,14 @@ from multiprocessing.connection import wait
 from pathlib import Path
 
 import numpy as np
+import onnx
 import onnxruntime as ort
+
+from onnx import numpy_helper
 
 from schemas import Config, MeasureResult, Target, TuningRecord
 from schemas.errors import UnsupportedOpsError
+from schemas.target import preset
 from stages.build.library import BuildError, build_library
 from stages.extract import load_model
 from stages.graph.passes import optimize
@@ -32,8 +45,10 @@ from stages.log import TuningLog
 from stages.runtime import load
 from stages.templates import TEMPLATES, template_for
 from support.fuzz_graphs import Case, make_case
+from testing.quantize import quantize_static
 
 RTOL = 1e-3
+STEPS = 1.0  # int8: quantization steps of the output's scale an element may be off
 STATUSES = ("pass", "mismatch", "crash", "unsupported")
 SAMPLE_TRIES = 4000
 
@@ -49,6 +64,7 @@ class Outcome:
     anchors: int = 0  # anchor kernels per build
     winograd: int = 0  # of them built as Winograd in the tuned build
     halo: int = 0  # convs handing over padded tensors, over both builds
+    ort_off: int = 0  # int8: builds off onnxruntime but on the ONNX reference (onnxruntime's rounding)
 
 
 def reference(case: Case) -> dict[str, np.ndarray]:
@@ -58,6 +74,53 @@ def reference(case: Case) -> dict[str, np.ndarray]:
     opts.log_severity_level = 3
     sess = ort.InferenceSession(case.model.SerializeToString(), opts, providers=["CPUExecutionProvider"])
     return dict(zip([o.name for o in sess.get_outputs()], sess.run(None, case.feeds), strict=True))
+
+
+def quantized(case: Case) -> Case:
+    """The case as `quantize_static` writes it (same inputs, threads and description)."""
+    return Case(case.seed, case.index, quantize_static(case.model), case.feeds, case.threads, case.description)
+
+
+def spec_outputs(model: onnx.ModelProto, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """The model run by `onnx.reference` (ONNX's definition in numpy), at an opset whose DequantizeLinear
+    it implements (19; the fuzz graphs' ops mean the same there)."""
+    from onnx.reference import ReferenceEvaluator
+
+    proto = onnx.ModelProto()
+    proto.CopyFrom(model)
+    for op in proto.opset_import:
+        if op.domain in ("", "ai.onnx"):
+            op.version = max(op.version, 19)
+    return dict(zip([o.name for o in proto.graph.output], ReferenceEvaluator(proto).run(None, feeds), strict=True))
+
+
+def output_steps(model: onnx.ModelProto) -> dict[str, float]:
+    """Per graph output, the scale of the DequantizeLinear that produces it (outputs made otherwise: absent)."""
+    init = {t.name: t for t in model.graph.initializer}
+    made = {out: n for n in model.graph.node for out in n.output}
+    steps = {}
+    for o in model.graph.output:
+        node = made.get(o.name)
+        if node is not None and node.op_type == "DequantizeLinear" and node.input[1] in init:
+            steps[o.name] = float(np.max(numpy_helper.to_array(init[node.input[1]])))
+    return steps
+
+
+def disagreement(got: dict[str, np.ndarray], want: dict[str, np.ndarray], steps: dict[str, float]) -> str | None:
+    """None if every output is within the rule (STEPS quantization steps where `steps` names the output's
+    scale, else RTOL x its max |value|), else what is off."""
+    for name, ref in want.items():
+        if got[name].shape != ref.shape:
+            return f"output {name} has shape {got[name].shape}, want {ref.shape}"
+        err = float(np.max(np.abs(got[name].astype(np.float64) - ref))) if ref.size else 0.0
+        if name in steps:
+            if not err <= STEPS * steps[name] * (1 + 1e-6):
+                return f"output {name} off by {err / steps[name]:.3g} quantization steps (> {STEPS:g})"
+            continue
+        scale = float(np.max(np.abs(ref))) if ref.size else 0.0
+        if not err <= RTOL * scale:
+            return f"output {name} max abs error {err:.3g} vs {RTOL:g} x max |ref| {scale:.3g}"
+    return None
 
 
 def random_log(graph, target, threads: int, rng: np.random.Generator, path: Path) -> int:
@@ -96,28 +159,35 @@ def _error(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {str(exc).strip()[:400]} [{Path(where.filename).name}:{where.lineno}]"
 
 
-def check(case: Case, workdir: Path) -> Outcome:
-    """Import, build (default, then tuned), run and compare one case."""
+def check(case: Case, workdir: Path, int8: bool = False) -> Outcome:
+    """Import, build (default, then tuned; with `int8`, also the default on the x86-64-avx2 preset), run and
+    compare one case (with `int8`, the case quantized)."""
     start = time.perf_counter()
-    facts = {"anchors": 0, "winograd": 0, "halo": 0}
+    facts = {"anchors": 0, "winograd": 0, "halo": 0, "ort_off": 0}
 
     def done(status: str, detail: str = "") -> Outcome:
         return Outcome(case.seed, case.index, case.description, status, detail, time.perf_counter() - start, **facts)
 
-    target = Target.host()
-    stage = "onnxruntime"  # a failure there is the generator's bug, reported as a crash all the same
+    host = Target.host()
+    builds = [("default", host), ("tuned", host)] + ([("avx2 default", preset("x86-64-avx2"))] if int8 else [])
+    stage = "quantize" if int8 else "onnxruntime"  # a failure there is the generator's bug, reported as a crash
     try:
+        if int8:
+            case = quantized(case)
+            stage = "onnxruntime"
         want = reference(case)
+        steps = output_steps(case.model)
+        spec = None
         stage = "import"
         graph = optimize(load_model(case.model))
-        for schedule in ("default", "tuned"):
+        for schedule, target in builds:
             stage = schedule
             log = None
             if schedule == "tuned":
                 log = workdir / "log"
                 if not random_log(graph, target, case.threads, np.random.default_rng([case.seed, case.index, 1]), log):
-                    break  # no anchor: the tuned build would be the default one
-            out = workdir / schedule
+                    continue  # no anchor: the tuned build would be the default one
+            out = workdir / schedule.replace(" ", "-")
             manifest = build_library(graph, target, out, case.threads, log)
             anchors = [op for op in manifest.ops if op.task is not None]
             facts["anchors"] = len(anchors)
@@ -125,21 +195,25 @@ def check(case: Case, workdir: Path) -> Outcome:
             if schedule == "tuned":
                 facts["winograd"] = sum(op.task.startswith("conv2d_winograd") for op in anchors)
             got = load(out).run(**case.feeds)
-            for name, ref in want.items():
-                err = float(np.max(np.abs(got[name].astype(np.float64) - ref))) if ref.size else 0.0
-                scale = float(np.max(np.abs(ref))) if ref.size else 0.0
-                if not err <= RTOL * scale:
-                    return done("mismatch", f"{schedule}: output {name} max abs error {err:.3g} "
-                                            f"vs {RTOL:g} x max |ref| {scale:.3g}")
+            off = disagreement(got, want, steps)
+            if off is not None and int8:
+                stage = f"{schedule} (onnx.reference)"
+                spec = spec if spec is not None else spec_outputs(case.model, case.feeds)
+                if disagreement(got, spec, steps) is None:
+                    facts["ort_off"] += 1
+                    continue
+                off += f"; vs onnx.reference: {disagreement(got, spec, steps)}"
+            if off is not None:
+                return done("mismatch", f"{schedule}: {off}")
     except Exception as exc:  # every failure is a finding, classified
         return done("unsupported" if _unsupported(exc) else "crash", f"{stage}: {_error(exc)}")
     return done("pass")
 
 
-def _child(seed: int, index: int, conn) -> None:
+def _child(seed: int, index: int, int8: bool, conn) -> None:
     case = make_case(seed, index)
     with tempfile.TemporaryDirectory(prefix="tf-fuzz-") as tmp:
-        conn.send(check(case, Path(tmp)))
+        conn.send(check(case, Path(tmp), int8))
     conn.close()
 
 
@@ -147,8 +221,9 @@ def _died(seed: int, index: int, how: str, started: float) -> Outcome:
     return Outcome(seed, index, make_case(seed, index).description, "crash", how, time.monotonic() - started)
 
 
-def run_cases(seed: int, indices: Iterable[int], jobs: int = 1, timeout_s: float = 120.0) -> Iterator[Outcome]:
-    """Outcomes of the cases as they finish, `jobs` forked processes at a time."""
+def run_cases(seed: int, indices: Iterable[int], jobs: int = 1, timeout_s: float = 120.0,
+              int8: bool = False) -> Iterator[Outcome]:
+    """Outcomes of the cases (quantized with `int8`) as they finish, `jobs` forked processes at a time."""
     ctx = mp.get_context("forkserver")
     ctx.set_forkserver_preload(["support.fuzz_check"])
     todo = list(indices)
@@ -157,7 +232,7 @@ def run_cases(seed: int, indices: Iterable[int], jobs: int = 1, timeout_s: float
         while todo and len(running) < jobs:
             index = todo.pop(0)
             recv, send = ctx.Pipe(duplex=False)
-            proc = ctx.Process(target=_child, args=(seed, index, send), daemon=True)
+            proc = ctx.Process(target=_child, args=(seed, index, int8, send), daemon=True)
             proc.start()
             send.close()
             running[proc.sentinel] = (proc, recv, index, time.monotonic())
