@@ -214,8 +214,9 @@ def test_k_is_unrolled_by_uk_in_the_machine_code():
 @pytest.mark.parametrize("m,n,k", [(128, 3072, 768), (128, 768, 3072), (64, 2304, 768), (197, 3072, 768),
                                    (197, 768, 768)])
 def test_transformer_dense_defaults_stream_the_weight_once(name, m, n, k):
-    """A dense layer with few rows: one M block holds all of A (in half of L2), threads split N in
-    blocks that give both cores the same number of panels, and B is read once (one item per N block)."""
+    """A dense layer with few rows: one M block holds all of A (in half of L2), read in place (packing
+    it again for every N block cost BERT and ViT 6-7% end to end), threads split N in blocks that give
+    both cores the same number of panels, and B is read once (one item per N block)."""
     from stages.templates.gemm_codegen import GemmSpec, Schedule, work_items
 
     target = preset(name)
@@ -223,7 +224,7 @@ def test_transformer_dense_defaults_stream_the_weight_once(name, m, n, k):
     knobs = dense.default_config(task, target).knobs
     s = Schedule.from_knobs(knobs)
     assert dense.space(task, target).reason(knobs) is None
-    assert s.par == "n" and s.mc * s.mr >= m
+    assert s.par == "n" and s.mc * s.mr >= m and not s.pack_a
     assert -(-m // s.mr) * s.mr * s.kc * 4 <= target.l2_bytes // 2
     panels = -(-n // s.nr)
     items = work_items(GemmSpec(m=m, n=n, k=k), s)

@@ -65,7 +65,8 @@ def default_gemm(m: int, n: int, k: int, target: Target, batch: int = 1, what: s
     """BLIS-like heuristic: widest vectors; a register tile wide on N (4 vectors with 32 registers,
     2 with 16) and as many rows as the rest of the register file holds (6x4 of 16 lanes on AVX-512:
     fewer loads per FMA than 14x2). A packed weight B with few rows of A (`_weight_blocks`: a
-    transformer's dense layers) streams B once: all of M in one block, threads split N. Otherwise a
+    transformer's dense layers) streams B once: all of M in one block, threads split N, A read in place
+    (packing it would copy all of A again for every N block). Otherwise a
     K block of up to 256 (the B micro-panel streams from L2, the A micro-panel stays in L1); the
     packed A block in half of L2 (mc); the B block in a quarter of L3 (nc); threads split M when it
     has tiles enough, else N, in two blocks per core or more (balance). Work under SMALL_FLOPS runs
@@ -97,7 +98,7 @@ def default_gemm(m: int, n: int, k: int, target: Target, batch: int = 1, what: s
     if 2 * m * n * k * batch < SMALL_FLOPS:
         par = "none"
     knobs: Knobs = {"mr": mr, "nv": nv, "vw": vw, "kc": kc, "mc": mc, "nc": nc, "uk": 4, "order": "jr_ir",
-                    "pack_a": int(m > 4 * mr), "par": par}
+                    "pack_a": int(blocks is None and m > 4 * mr), "par": par}
     candidates = [{**knobs, "uk": uk} for uk in (4, 2, 1)]
     return first_valid(sp, [*candidates, SMALLEST], f"{what or f'GEMM {m}x{n}x{k}'} on {target.name}")
 
@@ -110,8 +111,8 @@ def _weight_blocks(m: int, k: int, mr: int, nr: int, tiles: int, panels: int,
     A model's weights do not stay in cache from one run to the next (ViT-B/16 holds 340 MB of them),
     so B comes from memory, and the general rule, whose threads split M, streams all of B once per M
     block: ViT-B/16's 3072- and 2304-wide layers ran at 84 GFLOPS in the model against 160-230 alone
-    with hot caches (Zen 5, 1 thread). Here one M block holds all of A (packed per K block, in half
-    of L2), threads split N into blocks of `nc` panels, and each B micro-panel is read once and used
+    with hot caches (Zen 5, 1 thread). Here one M block holds all of A (a K block of it in half of
+    L2), threads split N into blocks of `nc` panels, and each B micro-panel is read once and used
     by every row tile. K blocks: as few as fit, of even size (K=768 -> 2 x 384, not 512 + 256). The
     C block an item revisits on each K block stays within a quarter of L2; among the `nc` that keep
     it there, the one that gives the busiest thread the fewest panels (then the largest, for fewer
