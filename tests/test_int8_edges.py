@@ -1,15 +1,19 @@
 """Int8 kernels' masked edge stores write exactly their bytes: output zero point 0 (where the requantize is a
 plain truncation the backend can fold into the store), a last vector of one column, and a sentinel after the
-output buffer. The int8 fuzzer found LLVM turning such one-lane stores into 4-byte stores (three bytes of the
-next channel zeroed: a 1x1 and a 3x3 stride-2 conv of a random quantized CNN 59 steps off)."""
+output buffer; and the masked byte store every int8 kernel and loop uses. The int8 fuzzer found LLVM turning
+such one-lane stores into 4-byte stores (three bytes of the next channel zeroed: a 1x1 and a 3x3 stride-2
+conv of a random quantized CNN 59 steps off)."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
+from llvmlite import ir
 
 from schemas.target import Target, preset
 from stages.codegen.compile import compile_ir
+from stages.codegen.harness import add_harness
+from stages.codegen.irb import I1, I32, VOIDP, gep, i64, store_bytes
 from stages.codegen.jit import LoadedKernel
 from stages.templates import qconv2d, qdense
 from stages.templates.qgemm_isa import LANES, available
@@ -67,3 +71,26 @@ def test_qdense_one_column_edges(target, isa):
         got, after = _run(qdense, task, target, knobs, inputs)
         np.testing.assert_array_equal(got, ref, err_msg=f"n={n} {knobs}")
         assert (after == SENTINEL).all(), f"n={n} {knobs}: wrote past the output: {after[:8]}"
+
+
+@pytest.mark.parametrize("lanes", [8, 16, 32])
+@pytest.mark.parametrize("kept", [1, 2, 5])
+def test_masked_byte_store_of_a_truncation_writes_only_its_lanes(lanes, kept):
+    """`irb.store_bytes` of `trunc <lanes x i32>` under a constant mask of `kept` lanes, the shape LLVM folds
+    (a QuantizeLinear tail, a kernel's last column): exactly `kept` bytes change."""
+    mod = ir.Module(name="edge")
+    mod.triple = HOST.triple
+    main = ir.Function(mod, ir.FunctionType(ir.VoidType(), [VOIDP]), name="tf_main")
+    b = ir.IRBuilder(main.append_basic_block("entry"))
+    slots = b.bitcast(main.args[0], VOIDP.as_pointer())
+    src = b.bitcast(b.load(gep(b, slots, i64(0))), ir.VectorType(I32, lanes).as_pointer())
+    dst = b.load(gep(b, slots, i64(1)))
+    narrow = b.trunc(b.load(src, align=4), ir.VectorType(ir.IntType(8), lanes))
+    store_bytes(b, narrow, dst, ir.Constant(ir.VectorType(I1, lanes), [int(k < kept) for k in range(lanes)]))
+    b.ret_void()
+    add_harness(mod, main)
+    values = np.arange(1, lanes + 1, dtype=np.int32) * 3
+    out = np.full(lanes + SLACK, SENTINEL, dtype=np.uint8)
+    LoadedKernel(compile_ir(mod, HOST).data, HOST)([values, out])
+    np.testing.assert_array_equal(out[:kept], values[:kept].astype(np.uint8))
+    assert (out[kept:] == SENTINEL).all(), out[:lanes + 4]

@@ -15,7 +15,7 @@ from collections.abc import Callable
 
 from llvmlite import ir
 
-from stages.codegen.irb import I1, I32, for_range, gep, i64, intrinsic, mul, vec
+from stages.codegen.irb import I1, I32, for_range, gep, i64, intrinsic, mul, store_bytes, vec
 from stages.graph.reference_quant import limits
 from stages.memops.opctx import OpCtx
 
@@ -65,7 +65,6 @@ def quantize_per_tensor(ctx: OpCtx, total: int, scale: float, zero: int, dtype: 
     """y = saturate(round_half_even(x / scale) + zero) over a contiguous float32 tensor of `total` elements."""
     fty, bty = vec(LANES), ir.VectorType(ir.IntType(8), LANES)
     masked_load = f"llvm.masked.load.v{LANES}f32.p0"
-    masked_store = f"llvm.masked.store.v{LANES}i8.p0"
 
     def body(b: ir.IRBuilder, start: ir.Value, count: int) -> None:
         x, y = gep(b, ctx.inp(0), start), gep(b, ctx.out(), start)
@@ -81,9 +80,7 @@ def quantize_per_tensor(ctx: OpCtx, total: int, scale: float, zero: int, dtype: 
             v = b.call(intrinsic(b.module, masked_load, fty, [fty.as_pointer(), I32, mask.type, fty]),
                        [b.bitcast(gep(b, x, at), fty.as_pointer()), ir.Constant(I32, 4), mask,
                         ir.Constant(fty, [0.0] * LANES)])
-            b.call(intrinsic(b.module, masked_store, ir.VoidType(), [bty, bty.as_pointer(), I32, mask.type]),
-                   [_quantize(b, v, scale, zero, dtype), b.bitcast(gep(b, y, at), bty.as_pointer()),
-                    ir.Constant(I32, 1), mask])
+            store_bytes(b, _quantize(b, v, scale, zero, dtype), gep(b, y, at), mask)
 
     split(ctx, total, body)
 

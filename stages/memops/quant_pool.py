@@ -15,7 +15,7 @@ import math
 
 from llvmlite import ir
 
-from stages.codegen.irb import I1, I32, add, gep, i64, intrinsic, mul, prefix_mask
+from stages.codegen.irb import I1, I32, add, gep, i64, intrinsic, mul, prefix_mask, store_bytes
 from stages.graph.reference import pool_out
 from stages.graph.reference_quant import limits
 from stages.memops.opctx import OpCtx
@@ -39,13 +39,6 @@ def _masked_load(b: ir.IRBuilder, ptr: ir.Value, mask: ir.Value, fill: ir.Consta
     fn = intrinsic(b.module, f"llvm.masked.load.v{n}i8.p0", _bvec(n),
                    [_bvec(n).as_pointer(), I32, ir.VectorType(I1, n), _bvec(n)])
     return b.call(fn, [b.bitcast(ptr, _bvec(n).as_pointer()), ir.Constant(I32, 1), mask, fill])
-
-
-def _masked_store(b: ir.IRBuilder, value: ir.Value, ptr: ir.Value, mask: ir.Value) -> None:
-    n = value.type.count
-    fn = intrinsic(b.module, f"llvm.masked.store.v{n}i8.p0", ir.VoidType(),
-                   [_bvec(n), _bvec(n).as_pointer(), I32, ir.VectorType(I1, n)])
-    b.call(fn, [value, b.bitcast(ptr, _bvec(n).as_pointer()), ir.Constant(I32, 1), mask])
 
 
 def max_pool_int8(ctx: OpCtx) -> None:
@@ -92,4 +85,4 @@ def max_pool_int8(ctx: OpCtx) -> None:
                               align=1)
                 taps = wide if sw == 1 else b.shuffle_vector(wide, wide, pick)
                 acc = taps if acc is None else _vmax(b, acc, taps, signed)
-            _masked_store(b, acc, gep(b, out_row, i64(v * COLS)), prefix_mask(b, ir.Constant(I32, ow), COLS, v * COLS))
+            store_bytes(b, acc, gep(b, out_row, i64(v * COLS)), prefix_mask(b, ir.Constant(I32, ow), COLS, v * COLS))

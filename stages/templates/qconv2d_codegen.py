@@ -31,13 +31,14 @@ from stages.codegen.irb import (
     mul,
     prefix_mask,
     smin,
+    store_bytes,
 )
 from stages.codegen.parallel import body_args, emit_main, emit_phases, range_body
 from stages.templates import qgemm_isa as isa_
 from stages.templates import qgemm_requant as rq_
 from stages.templates.qconv2d_dw import emit_dw
 from stages.templates.qconv2d_plan import PACK_COLS, QConvPlan
-from stages.templates.qgemm_codegen import row_mask, store_bytes
+from stages.templates.qgemm_codegen import row_mask
 from stages.templates.qgemm_isa import I8, PARTS, ivec
 
 I8P = I8.as_pointer()

@@ -16,11 +16,26 @@ from __future__ import annotations
 import numpy as np
 from llvmlite import ir
 
-from stages.codegen.irb import F32, I1, I32, I64, VOIDP, add, for_range, gep, i64, intrinsic, mul, prefix_mask, smin
+from stages.codegen.irb import (
+    F32,
+    I1,
+    I32,
+    I64,
+    VOIDP,
+    add,
+    for_range,
+    gep,
+    i64,
+    intrinsic,
+    mul,
+    prefix_mask,
+    smin,
+    store_bytes,
+)
 from stages.codegen.parallel import body_args, range_body
 from stages.templates import qgemm_requant as rq_
 from stages.templates.qconv2d_plan import QConvPlan
-from stages.templates.qgemm_codegen import row_mask, store_bytes
+from stages.templates.qgemm_codegen import row_mask
 from stages.templates.qgemm_isa import I8, ivec, splat_i32
 from stages.templates.qgemm_pack import aligned
 

@@ -27,11 +27,11 @@ from stages.codegen.irb import (
     for_range,
     gep,
     i64,
-    intrinsic,
     loop_carry,
     mul,
     prefix_mask,
     smin,
+    store_bytes,
 )
 from stages.codegen.parallel import emit_main
 from stages.templates import qgemm_isa as isa_
@@ -71,36 +71,6 @@ class QSchedule:
     def from_knobs(cls, k: dict) -> QSchedule:
         return cls(isa=str(k["isa"]), mr=int(k["mr"]), nv=int(k["nv"]), mc=int(k["mc"]), nc=int(k["nc"]),
                    uk=int(k["uk"]), order=str(k["order"]), par=str(k["par"]))
-
-
-def store_bytes(b: ir.IRBuilder, value: ir.Value, ptr: ir.Value, mask: ir.Value | None) -> None:
-    """Store a `<lanes x i8>` at the byte pointer `ptr`, only the lanes `mask` selects when given."""
-    vty = value.type
-    vptr = b.bitcast(ptr, vty.as_pointer())
-    if mask is None:
-        b.store(value, vptr, align=1)
-        return
-    fn = intrinsic(b.module, f"llvm.masked.store.v{vty.count}i8.p0", ir.VoidType(),
-                        [vty, vty.as_pointer(), I32, mask.type])
-    b.call(fn, [opaque_on_x86(b, value), vptr, ir.Constant(I32, 1), mask])
-
-
-def opaque_on_x86(b: ir.IRBuilder, value: ir.Value) -> ir.Value:
-    """`value` passed through an empty inline asm on x86, so the backend cannot see that it is a truncation.
-
-    LLVM's x86 backend folds a masked byte store of `trunc <n x i32>` into a truncating masked store and,
-    when the mask folds to a single lane (a tile's last column, e.g. 17 or 33 output columns on 16 lanes),
-    turns that into a scalar store of the untruncated i32: 4 bytes for 1, three bytes of the next row,
-    channel or tensor overwritten with zeros (found by the int8 fuzzer: wrong outputs when the output zero
-    point is 0). The asm costs one register copy at a masked edge and hides nothing else."""
-    if "x86" not in b.module.triple:
-        return value
-    bits = value.type.count * value.type.element.width
-    if bits >= 128:
-        return b.asm(ir.FunctionType(value.type, [value.type]), "", "=v,0", [value], side_effect=False)
-    word = ir.IntType(bits)  # a vector register cannot hold an 8-byte vector operand: a general one can
-    hidden = b.asm(ir.FunctionType(word, [word]), "", "=r,0", [b.bitcast(value, word)], side_effect=False)
-    return b.bitcast(hidden, value.type)
 
 
 def row_mask(b: ir.IRBuilder, ok: ir.Value | None, cols: ir.Value | None, lanes: int) -> ir.Value | None:

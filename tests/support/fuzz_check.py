@@ -31,7 +31,6 @@ from pathlib import Path
 import numpy as np
 import onnx
 import onnxruntime as ort
-
 from onnx import numpy_helper
 
 from schemas import Config, MeasureResult, Target, TuningRecord
