@@ -113,7 +113,7 @@ def disagreement(got: dict[str, np.ndarray], want: dict[str, np.ndarray], steps:
             return f"output {name} has shape {got[name].shape}, want {ref.shape}"
         err = float(np.max(np.abs(got[name].astype(np.float64) - ref))) if ref.size else 0.0
         if name in steps:
-            if not err <= STEPS * steps[name] * (1 + 1e-6):
+            if not err <= STEPS * steps[name] * (1 + 1e-4):  # float32 rounding of both dequantized values
                 return f"output {name} off by {err / steps[name]:.3g} quantization steps (> {STEPS:g})"
             continue
         scale = float(np.max(np.abs(ref))) if ref.size else 0.0
