@@ -13,7 +13,8 @@ from collections.abc import Callable
 
 from llvmlite import ir
 
-from stages.codegen.irb import F32, I32, add, for_range, gep, i64, mul
+from stages.codegen.irb import F32, I32, add, for_range, gep, i64, mul, vec
+from stages.memops import quant_mean
 from stages.memops.loops import Operand, broadcast_strides, contiguous_strides, emit_map, f32
 from stages.memops.opctx import OpCtx
 from stages.memops.quant import roundeven, saturate, widen
@@ -88,12 +89,17 @@ def qmean(ctx: OpCtx) -> None:
         b.store(_quantized(ctx, b, b.fdiv(total, f32(k))), gep(b, y, plane), align=1)
 
     if ctx.attr("order") == "nhwc" and n == 1:
-        acc = ctx.local()
-        with for_range(b, i64(0), i64(planes), name="p") as p:
-            b.store(at(p, i64(0)), acc)
-            with for_range(b, i64(1), i64(k), name="i") as i:
-                b.store(b.fadd(b.load(acc), at(p, i)), acc)
-            finish(p, b.load(acc))
+        sx, zx = float(ctx.attr("x_scale")), int(ctx.attr("x_zero_point"))
+        ity, fty = ir.VectorType(I32, quant_mean.LANES), vec(quant_mean.LANES)
+        extend = ir.IRBuilder.zext if ctx.in_dtype() == "uint8" else ir.IRBuilder.sext
+
+        def deq_vec(vb: ir.IRBuilder, v: ir.Value) -> ir.Value:
+            diff = vb.sub(extend(vb, v, ity), ir.Constant(ity, [zx] * quant_mean.LANES))
+            return vb.fmul(vb.sitofp(diff, fty), ir.Constant(fty, [sx] * quant_mean.LANES))
+
+        def finish_at(vb: ir.IRBuilder, plane: ir.Value, total: ir.Value) -> None:
+            vb.store(_quantized(ctx, vb, vb.fdiv(total, f32(k))), gep(vb, ctx.out(), plane), align=1)
+        quant_mean.running_means(ctx, planes, k, deq_vec, finish_at)
         return
     if ctx.attr("order") == "nhwc":
         with for_range(b, i64(0), i64(planes), name="p") as p:
