@@ -1,6 +1,7 @@
 """The flat int8 loops split over the worker pool (stages/memops/quant_flat.py): a per-tensor QuantizeLinear
 (vector path: ties, saturation, infinities, NaN as 0) and a residual qadd, over tensors of several blocks with
-a tail that is no multiple of a vector, equal onnxruntime's int8 run on 1 and 2 threads and on x86-64-avx2."""
+a tail that is no multiple of a vector, equal onnxruntime's int8 run on 1 and 2 threads and on x86-64-avx2; the
+islands' qlut and qmul split the same way equal their reference kernels."""
 
 from __future__ import annotations
 
@@ -13,7 +14,9 @@ from schemas import Target
 from schemas.target import preset
 from stages.build.library import build_library
 from stages.extract import load_model
+from stages.graph.ir import Graph, Node, Value
 from stages.graph.passes import optimize
+from stages.graph.reference_quant import QUANT_OPS
 from stages.memops.quant_flat import BLOCK
 from stages.runtime import load
 from testing.quantize import onnxruntime_run
@@ -63,3 +66,31 @@ def test_split_quantize_and_qadd_equal_onnxruntime(tmp_path, dtype):
         got = load(out).run(**feeds)
         for k in ("xq", "y"):
             np.testing.assert_array_equal(got[k], want[k], err_msg=f"{k}: {threads} thread(s) on {target.name}")
+
+
+@pytest.mark.parametrize("dtype", ["uint8", "int8"])
+def test_split_islands_qlut_and_broadcast_qmul_equal_their_reference(tmp_path, dtype):
+    """qlut split in flat blocks, qmul one (image, channel) plane an item with the gate broadcast over the plane
+    (squeeze-excite) and with two full operands (SiLU's x * sigmoid(x)), against the reference kernels."""
+    rng = np.random.default_rng(8)
+    info = np.iinfo(dtype)
+    shape, gate = (2, 24, 37, 41), (2, 24, 1, 1)
+    mul = {"a_zero_point": 5 if dtype == "uint8" else -3, "b_zero_point": 250 if dtype == "uint8" else 100,
+           "ratio": float(np.float32(0.0173)), "y_zero_point": 7 if dtype == "uint8" else -9, "y_dtype": dtype}
+    nodes = [Node("lut", "qlut", ["x", "t"], ["s"], {"y_dtype": dtype}),
+             Node("gm", "qmul", ["x", "g"], ["y1"], mul), Node("sm", "qmul", ["x", "s"], ["y2"], mul)]
+    vals = {n: Value(n, s, dtype) for n, s in (("x", shape), ("g", gate), ("s", shape), ("y1", shape), ("y2", shape))}
+    table = rng.integers(0, 256, 256).astype(np.uint8).view(dtype)
+    graph = Graph("islands", [vals["x"], vals["g"]], [vals["s"], vals["y1"], vals["y2"]], nodes, vals,
+                  {"t": table})
+    feeds = {"x": rng.integers(info.min, info.max + 1, shape).astype(dtype),
+             "g": rng.integers(info.min, info.max + 1, gate).astype(dtype)}
+    lut = QUANT_OPS["qlut"]([feeds["x"], table], {"y_dtype": dtype})[0]
+    want = {"s": lut, "y1": QUANT_OPS["qmul"]([feeds["x"], feeds["g"]], mul)[0],
+            "y2": QUANT_OPS["qmul"]([feeds["x"], lut], mul)[0]}
+    for threads, target in ((1, Target.host()), (2, Target.host()), (2, preset("x86-64-avx2"))):
+        out = tmp_path / f"lib-{threads}-{target.name}"
+        build_library(graph, target, out, threads)
+        got = load(out).run(**feeds)
+        for k, v in want.items():
+            np.testing.assert_array_equal(got[k], v, err_msg=f"{k}: {threads} thread(s) on {target.name}")

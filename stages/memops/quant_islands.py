@@ -14,7 +14,7 @@ from collections.abc import Callable
 from llvmlite import ir
 
 from stages.codegen.irb import F32, I32, add, for_range, gep, i64, mul, vec
-from stages.memops import quant_mean
+from stages.memops import quant_flat, quant_mean
 from stages.memops.loops import Operand, broadcast_strides, contiguous_strides, emit_map, f32
 from stages.memops.opctx import OpCtx
 from stages.memops.quant import roundeven, saturate, widen
@@ -36,13 +36,12 @@ def _quantized(ctx: OpCtx, b: ir.IRBuilder, y: ir.Value, lo: int | None = None) 
 
 def qlut(ctx: OpCtx) -> None:
     """y = table[byte of x]."""
-    n = math.prod(ctx.out_shape())
-    table = ctx.inp(1)
-    flat = contiguous_strides((n,))
-
     def fn(b: ir.IRBuilder, v: list[ir.Value]) -> ir.Value:
-        return b.load(gep(b, table, b.zext(v[0], I64)), align=1)
-    emit_map(ctx.b, (n,), Operand(ctx.out(), flat), [Operand(ctx.inp(0), flat)], fn)
+        return b.load(gep(b, ctx.inp(1), b.zext(v[0], I64)), align=1)
+
+    def block(b: ir.IRBuilder, start: ir.Value, count: int) -> None:
+        emit_map(b, (count,), Operand(gep(b, ctx.out(), start), (1,)), [Operand(gep(b, ctx.inp(0), start), (1,))], fn)
+    quant_flat.split(ctx, math.prod(ctx.out_shape()), block)
 
 
 def qmul(ctx: OpCtx) -> None:
@@ -55,8 +54,22 @@ def qmul(ctx: OpCtx) -> None:
     def fn(b: ir.IRBuilder, v: list[ir.Value]) -> ir.Value:
         prod = b.mul(b.sub(widen(b, v[0], da), za), b.sub(widen(b, v[1], db), zb))
         return saturate(b, roundeven(b, b.fadd(b.fmul(b.sitofp(prod, F32), ratio), zy)), dtype, finite=True)
-    ins = [Operand(ctx.inp(i), broadcast_strides(ctx.in_shape(i), shape)) for i in (0, 1)]
-    emit_map(ctx.b, shape, Operand(ctx.out(), contiguous_strides(shape)), ins, fn)
+    strides = [broadcast_strides(ctx.in_shape(i), shape) for i in (0, 1)] + [contiguous_strides(shape)]
+    if len(shape) < 3:
+        ins = [Operand(ctx.inp(i), strides[i]) for i in (0, 1)]
+        emit_map(ctx.b, shape, Operand(ctx.out(), strides[2]), ins, fn)
+        return
+    # one item per leading index (image x channel): squeeze-excite's gate broadcasts over the plane
+    lead, inner = shape[:-2], shape[-2:]
+    with ctx.parallel(math.prod(lead), min_items=-(-quant_flat.BLOCK // math.prod(inner))) as item:
+        b, rest, base = ctx.b, item, [i64(0)] * 3
+        for d in reversed(range(len(lead))):
+            idx = b.urem(rest, i64(lead[d])) if d else rest
+            rest = b.udiv(rest, i64(lead[d])) if d else rest
+            base = [add(b, base[j], mul(b, idx, i64(strides[j][d]))) for j in range(3)]
+        ptrs = [gep(b, ctx.inp(0), base[0]), gep(b, ctx.inp(1), base[1]), gep(b, ctx.out(), base[2])]
+        ops = [Operand(ptrs[j], strides[j][-2:]) for j in range(3)]
+        emit_map(b, inner, ops[2], ops[:2], fn)
 
 
 def qbatchnorm(ctx: OpCtx) -> None:
