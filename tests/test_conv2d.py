@@ -446,3 +446,22 @@ def test_1x1_channel_tiles_take_one_row_of_pixels_on_a_tie():
     for x, oc, s in (((1, 256, 56, 56), 64, 1), ((1, 256, 56, 56), 512, 2)):  # 28 pixels of one row, not 2 x 14
         knobs = conv2d.default_config(conv2d.conv2d_task(x, (oc, x[1], 1, 1), (s, s)), preset("x86-64-avx512")).knobs
         assert (knobs["axis"], knobs["mr"], knobs["nw"], knobs["rh"]) == ("oc", 16, 2, 1), knobs
+
+
+@pytest.mark.parametrize("x,w,stride,groups,mr,ocn,planes,threads", [
+    ((1, 24, 29, 31), (24, 1, 3, 3), 2, 24, 2, 1, 2, 1),  # depthwise, stride 2: two planes per block
+    ((1, 24, 29, 31), (24, 1, 5, 5), 1, 24, 2, 2, 4, 2),
+    ((2, 12, 15, 17), (24, 4, 3, 3), 2, 3, 4, 2, 8, 2),  # 8 channels a group in tiles of 4: blocks may start mid-group
+])
+def test_channel_blocks_pack_their_planes_into_a_stack_buffer(x, w, stride, groups, mr, ocn, planes, threads):
+    """Grouped convs split by channel blocks pack each block's planes into one buffer on the thread's
+    stack, reused block after block (no whole-image workspace), and stay exact."""
+    task = conv2d.conv2d_task(x, w, (stride, stride), (w[2] // 2,) * 4, (1, 1), groups, parse_epilogue("bias,relu"))
+    knobs = {**conv2d.default_config(task, HOST).knobs, "vw": 16, "mr": mr, "nw": 1, "rh": 2, "flat": 0,
+             "par": "oc", "ocn": ocn, "axis": "w", "icb": w[1], "unroll": 2, "uk": 1}
+    assert conv2d.space(task, HOST).reason(knobs) is None
+    p = conv2d.plan(task, knobs)
+    assert p.pack_in_item and p.item_stack and p.workspace == 0 and p.item_planes == planes
+    inputs = conv2d.make_inputs(task)
+    assert len(conv2d.kernel_args(task, knobs, inputs)) == 4  # X, W, bias, Y: no packed-input buffer
+    assert_matches(task, run(task, knobs, inputs, threads), conv2d.reference(task, inputs))

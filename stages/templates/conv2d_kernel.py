@@ -52,6 +52,7 @@ class _Conv:
         self.p, self.ops, self.n_epi = p, ops, n_epi
         self.slots = operands(ops)
         self._micro: ir.Function | None = None
+        self.c0: ir.Value | None = None  # the first channel a block packed into its stack buffer (item_stack)
 
     def emit(self, mod: ir.Module, pack: ir.Function | None) -> ir.Function:
         """`tf_conv_range(args, begin, end)`; with `pack` (`tf_pack_rows`), each item first packs the
@@ -60,8 +61,8 @@ class _Conv:
         fn, b = range_body(mod, "tf_conv_range")
         ptrs = body_args(b, fn, 3 + self.n_epi + (1 if p.workspace else 0))
         ws = ptrs[-2] if p.workspace else None
-        if p.pack_rows:  # this range's own packed rows: no cache line is written by two threads
-            x = b.alloca(F32, size=i64(p.stack_floats))
+        if p.pack_rows or p.item_stack:  # this range's own packed rows or block planes: hot, written by one core
+            x = b.alloca(F32, size=i64(p.stack_floats if p.pack_rows else p.item_floats))
             x.align = 64
         else:
             x = ws if p.workspace else ptrs[0]
@@ -96,7 +97,7 @@ class _Conv:
             with loop(b, t_lo, t_hi, step=p.ocn, name="block") as t0:
                 block = (t0, smin(b, add(b, t0, i64(p.ocn)), t_hi))
                 if pack is not None and p.pack_in_item:
-                    self._pack_groups(pack, fn.args[0], n, block, ws)
+                    self.c0 = self._pack_groups(pack, fn.args[0], n, block, x if p.item_stack else ws)
                 with loop(b, i64(0), i64(p.ic_blocks), name="icb") as kb:
                     if p.par == "oc":
                         with loop(b, i64(0), i64(p.h_tiles), name="ht") as ht:
@@ -109,16 +110,19 @@ class _Conv:
         return fn
 
     def _pack_groups(self, pack: ir.Function, args: ir.Value, n: ir.Value, block: tuple[ir.Value, ir.Value],
-                     ws: ir.Value) -> None:
+                     ws: ir.Value) -> ir.Value:
         """Pack the input planes of every group the block's channels touch (a range may start inside a
-        group: both threads then pack its planes, identically)."""
+        group: both threads then pack its planes, identically), at their place in the workspace or, with
+        `item_stack`, from the start of the block's stack buffer; return the first plane's channel."""
         p, g, b = self.p, self.p.g, self.b
         oc0 = mul(b, block[0], i64(p.mr))
         oc1 = smin(b, mul(b, block[1], i64(p.mr)), i64(g.oc))
         base = mul(b, n, i64(g.c))
         c0 = add(b, base, mul(b, b.udiv(oc0, i64(g.ocg)), i64(g.icg)))
         c1 = add(b, base, mul(b, b.udiv(add(b, oc1, i64(g.ocg - 1)), i64(g.ocg)), i64(g.icg)))
-        b.call(pack, [args, c0, c1, i64(0), i64(p.hq * g.sh), gep(b, ws, mul(b, c0, i64(p.plane))), i64(0)])
+        dst = ws if p.item_stack else gep(b, ws, mul(b, c0, i64(p.plane)))
+        b.call(pack, [args, c0, c1, i64(0), i64(p.hq * g.sh), dst, i64(0)])
+        return c0
 
     def _w_loop(self, n: ir.Value, block: tuple[ir.Value, ir.Value], kb: ir.Value, ht: ir.Value,
                 wts: tuple[ir.Value, ir.Value] | None = None) -> None:
@@ -144,7 +148,12 @@ class _Conv:
         ch = add(b, mul(b, n, i64(g.c)), add(b, mul(b, grp, i64(g.icg)), mul(b, kb, i64(p.icb))))
         oh0 = mul(b, ht, i64(p.rh))
         ow0 = mul(b, wt, i64(p.tile_w))
-        chan = b.sub(ch, mul(b, n, i64(g.c))) if p.pack_rows else ch  # a stack buffer holds one image's planes
+        if p.pack_rows:  # a stack buffer holds one image's planes
+            chan = b.sub(ch, mul(b, n, i64(g.c)))
+        elif p.item_stack:  # ... or the block's own, from its first
+            chan = b.sub(ch, self.c0)
+        else:
+            chan = ch
         col = ow0 if p.slab else add(b, mul(b, oh0, i64(p.wq)), ow0)  # a slab starts at the tile's first row
         xoff = add(b, mul(b, chan, i64(p.plane)), col)
         kb_off = mul(b, kb, i64(p.icb * g.kh * g.kw * p.mr))
