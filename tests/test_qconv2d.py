@@ -151,3 +151,28 @@ def test_registered_and_tune_op_runs_error_free(tmp_path):
     assert r.returncode == 0, r.stderr
     out = json.loads(r.stdout)
     assert out["trials"] == 6 and out["best_gflops"] > 0 and not out["errors"], out
+
+
+@pytest.mark.parametrize(("target", "isa"), PATHS, ids=[f"{t.name}-{i}" for t, i in PATHS])
+@pytest.mark.parametrize("axis", ["w", "oc"])
+def test_pointwise_conv_runs_flattened_exact(target, isa, axis):
+    """A 1x1 stride-1 unpadded conv runs as one row of H*W columns (a batch of 2, 117 columns: no multiple of a
+    vector), exact on every path, on 1 and 2 threads; a padded or strided 1x1 keeps its rows."""
+    task = qconv2d.task((2, 37, 9, 13), (21, 37, 1, 1), x_zero_point=77, y_zero_point=3)
+    g = qconv2d.qgeom(task)
+    assert (g.h, g.w, g.oh, g.ow) == (1, 117, 1, 117)
+    assert qconv2d.qgeom(qconv2d.task((1, 8, 9, 9), (8, 8, 1, 1), (2, 2))).h == 9
+    assert qconv2d.qgeom(qconv2d.task((1, 8, 9, 9), (8, 8, 1, 1), pads=(1, 1, 1, 1))).h == 9
+    inputs = qconv2d.make_inputs(task, seed=9)
+    ref = qconv2d.reference(task, inputs)
+    knobs = _on(target, isa, task, axis)
+    for threads in (1, 2):
+        np.testing.assert_array_equal(_run(task, target, knobs, inputs, threads), ref, err_msg=f"{threads} threads")
+
+
+def test_flattened_pointwise_default_keeps_the_narrow_layer_rule():
+    """The lanes-on-channels choice reads the image's output width, not the flattened row's."""
+    narrow = qconv2d.default_config(qconv2d.task((1, 256, 14, 14), (1024, 256, 1, 1)), HOST).knobs
+    wide = qconv2d.default_config(qconv2d.task((1, 256, 56, 56), (64, 256, 1, 1)), HOST).knobs
+    assert narrow["axis"] == ("oc" if available(HOST)[0] != "generic" else "w")
+    assert (wide["axis"], wide["rh"]) == ("w", 1)

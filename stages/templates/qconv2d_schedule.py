@@ -99,13 +99,14 @@ def _dw_rule(g: ConvGeom, isa: str, mr: int, rh: int, nv: int, uk: int, order: o
     return None
 
 
-def default_qconv(g: ConvGeom, target: Target, what: str = "") -> Config:
+def default_qconv(g: ConvGeom, target: Target, what: str = "", image_ow: int | None = None) -> Config:
     """Narrow layers with many channels (OW <= 14, 64+ channels a group): lanes on output channels, a
     6 pixels x 4 vectors tile (12 x 2 for 1x1 windows). Otherwise lanes on output columns: the fastest
     path the target runs, or its 256-bit one when 16 lanes would waste a third of the columns;
     vectors to cover a row (up to 4), rows to make the tile 4 vectors; as many output channels as
     the registers left hold; the channel-block loop unrolled twice for 1x1 windows. Checked by the
-    space's rule, with fallbacks down to a 1x1x1 tile."""
+    space's rule, with fallbacks down to a 1x1x1 tile. `image_ow`: the image's output width where `g` is a
+    flattened 1x1 conv (qconv2d.qgeom), which the narrow-layer choice reads."""
     sp = qconv_space(g, target)
     paths = available(target)
     isa = paths[0]
@@ -125,7 +126,7 @@ def default_qconv(g: ConvGeom, target: Target, what: str = "") -> Config:
         dnv = max(1, min(NV[-1], -(-g.ow // lanes)))
         oc_tiles.append({"isa": isa, "mr": 1, "rh": max(1, min(max(RH), g.oh, 8 // dnv)), "nv": dnv, "uk": 1,
                          "order": "ot_rt", "axis": "dw"})
-    if g.ow <= OC_AXIS_MAX_OW and g.ocg >= OC_AXIS_MIN_OC and wide != "generic":
+    if (image_ow or g.ow) <= OC_AXIS_MAX_OW and g.ocg >= OC_AXIS_MIN_OC and wide != "generic":
         # 1x1 windows: a narrower panel (2 vectors) stays in L1 over the whole reduction
         onv, omr = (4, 6) if g.kh * g.kw > 1 else (2, 12)
         oc_tiles = [{**knobs, "isa": wide, "axis": "oc", "rh": 1, "nv": onv, "mr": omr}]
