@@ -38,6 +38,15 @@ from stages.templates.conv2d_loop import loop
 from stages.templates.conv2d_plan import Plan
 
 
+def prefetch(b: ir.IRBuilder, ptr: ir.Value) -> None:
+    """A read prefetch of `ptr`'s line into every cache level (never faults, even past a buffer's end)."""
+    i8p, i32 = ir.IntType(8).as_pointer(), ir.IntType(32)
+    fn = b.module.globals.get("llvm.prefetch.p0")
+    if fn is None:
+        fn = ir.Function(b.module, ir.FunctionType(ir.VoidType(), [i8p, i32, i32, i32]), name="llvm.prefetch.p0")
+    b.call(fn, [b.bitcast(ptr, i8p), ir.Constant(i32, 0), ir.Constant(i32, 3), ir.Constant(i32, 1)])
+
+
 class Micro:
     """Y[tile] (+)= the tile's reduction over one input-channel block, then the epilogue on the last block.
 
@@ -231,8 +240,13 @@ class Micro:
         return add(b, mul(b, phase, i64(p.wq)), x)
 
     def _oc_step(self, x: ir.Value, w: ir.Value, xoff: ir.Value, woff: ir.Value) -> None:
-        """`mr/vw` weight vectors x each pixel of the tile broadcast (channels along the lanes)."""
+        """`mr/vw` weight vectors x each pixel of the tile broadcast (channels along the lanes). Each weight
+        vector's place in the next tile's panel (the next call's) is prefetched: a layer's weights stream from
+        memory once per call, too few FMAs per line for the hardware prefetcher to hide (1x1 192x7x7 -> 1152:
+        36% of its samples on the weight load)."""
         p, b = self.p, self.b
+        for o in range(p.mr // p.vw):
+            prefetch(b, gep(b, w, add(b, woff, i64(o * p.vw + p.panel))))
         wv = [load_vec(b, gep(b, w, add(b, woff, i64(o * p.vw))), p.vw) for o in range(p.mr // p.vw)]
         for r in range(p.rh):
             for j in range(p.nw):
