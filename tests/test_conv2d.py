@@ -465,3 +465,19 @@ def test_channel_blocks_pack_their_planes_into_a_stack_buffer(x, w, stride, grou
     inputs = conv2d.make_inputs(task)
     assert len(conv2d.kernel_args(task, knobs, inputs)) == 4  # X, W, bias, Y: no packed-input buffer
     assert_matches(task, run(task, knobs, inputs, threads), conv2d.reference(task, inputs))
+
+
+def test_channel_vector_tiles_prefetch_the_next_tiles_weights():
+    """Each weight vector load of a channel-vector tile comes with a prefetch one panel ahead (the next
+    tile's weights, streamed from memory in a model); column-vector tiles broadcast weights and prefetch none."""
+    task = conv2d.conv2d_task((1, 192, 7, 7), (1152, 192, 1, 1))
+    knobs = conv2d.default_config(task, HOST).knobs
+    assert knobs["axis"] == "oc"
+    p = conv2d.plan(task, knobs)
+    text = str(conv2d.build_ir(task, knobs, HOST, 1))
+    assert text.count("call void @\"llvm.prefetch.p0\"") == p.mr // p.vw
+    at = text.index('call void @"llvm.prefetch.p0"')
+    assert f", {p.panel}\n" in text[at - 300:at]  # the weight offset plus one panel
+    columns = {**knobs, "axis": "w", "mr": 8, "nw": 2, "icb": 64}
+    assert conv2d.space(task, HOST).reason(columns) is None
+    assert "llvm.prefetch" not in str(conv2d.build_ir(task, columns, HOST, 1))
