@@ -6,14 +6,14 @@ run on the case's seeded inputs. A build passes iff on every output max |got - w
 max |want|. Cases run in processes forked from a clean server, so a segfault or a hang is a
 recorded crash, not a dead fuzzer.
 
-With `int8`, the case is first quantized as users do (onnxruntime's `quantize_static`: QDQ, per-channel
-int8 weights, uint8 activations, calibrated on two random inputs) and judged by onnxruntime's int8 run:
-every element of an output a DequantizeLinear produces within one quantization step (other outputs: the
-float rule). Builds: default and random tuned configs on the host, and the default build on the
-`x86-64-avx2` preset (the fallback kernels). Where onnxruntime's float islands round differently from
-ONNX's definition (its Tanh and Erf approximations flip a step that later layers amplify), a build that
-disagrees with onnxruntime still passes if it agrees, by the same rule, with `onnx.reference` running the
-quantized model; such builds are counted in `ort_off`.
+With `int8`, the case is first quantized as users do (onnxruntime's `quantize_static`: QDQ, int8
+weights per channel or per tensor, uint8 or int8 activations, calibrated on two random inputs) and judged
+by onnxruntime's int8 run: every element of an output a DequantizeLinear produces within one quantization
+step (other outputs: the float rule). Builds: default and random tuned configs on the host, and the default
+build on the `x86-64-avx2` preset (the fallback kernels). Where onnxruntime's float islands round
+differently from ONNX's definition (its Tanh and Erf approximations flip a step that later layers amplify),
+a build that disagrees with onnxruntime still passes if it agrees, by the same rule, with `onnx.reference`
+running the quantized model; such builds are counted in `ort_off`.
 """
 
 from __future__ import annotations
@@ -76,8 +76,13 @@ def reference(case: Case) -> dict[str, np.ndarray]:
 
 
 def quantized(case: Case) -> Case:
-    """The case as `quantize_static` writes it (same inputs, threads and description)."""
-    return Case(case.seed, case.index, quantize_static(case.model), case.feeds, case.threads, case.description)
+    """The case as `quantize_static` writes it, its options drawn from the case's seed (per-channel weights in
+    7 of 10 cases, int8 activations in 3 of 10, else uint8); the description says which (`q:u8/pc`)."""
+    rng = np.random.default_rng([case.seed, case.index, 2])
+    per_channel, activation = bool(rng.random() < 0.7), "int8" if rng.random() < 0.3 else "uint8"
+    model = quantize_static(case.model, per_channel=per_channel, activation=activation)
+    words = f"q:{'s8' if activation == 'int8' else 'u8'}/{'pc' if per_channel else 'pt'}"
+    return Case(case.seed, case.index, model, case.feeds, case.threads, f"{words} {case.description}")
 
 
 def spec_outputs(model: onnx.ModelProto, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
