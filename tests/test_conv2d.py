@@ -124,7 +124,8 @@ def test_default_schedules_are_valid_and_fill_the_registers(layer):
 DEPTHWISE = [  # (input, window, stride, pad) -> (nw, rh, flat) of the default's depthwise tile on 16 lanes
     ((1, 144, 56, 56), 3, 1, 1, (2, 2, 0)), ((1, 384, 14, 14), 3, 1, 1, (1, 2, 0)),
     ((1, 672, 14, 14), 5, 1, 2, (1, 3, 0)), ((1, 96, 112, 112), 3, 2, 1, (2, 2, 0)),
-    ((1, 960, 7, 7), 3, 1, 1, (4, 1, 1)), ((1, 672, 14, 14), 5, 2, 2, (4, 1, 1))]
+    ((1, 960, 7, 7), 3, 1, 1, (4, 1, 1)), ((1, 672, 14, 14), 5, 2, 2, (4, 1, 1)),
+    ((1, 240, 28, 28), 5, 1, 2, (2, 2, 0)), ((1, 144, 56, 56), 5, 2, 2, (2, 2, 0))]  # 3 rows of 2 vectors spilled
 
 
 @pytest.mark.parametrize("x,k,s,p,tile", DEPTHWISE)

@@ -235,7 +235,8 @@ def _depthwise_tile(task: TuningTask, target: Target) -> tuple[int, int, int, in
     """The depthwise tile (vw, mr, nw, rh, flat), or None for other convs: full-width vectors, `DW_MR`
     channels, and the window unrolled so the rows of a channel reuse each other's input loads (a
     channel's rows r and r+1 read the same input row at taps kh+1 and kh), over `rh` = 2 rows (3 for
-    5x5 and larger windows: more rows share each load) of up to 2 vectors; outputs narrower than
+    5x5 and larger windows of one vector: more rows share each load; 3 rows of 2 vectors spilled, 240x28x28
+    5x5 2.4x slower than 2 rows on Zen 5) of up to 2 vectors; outputs narrower than
     3/4 of a vector run along the flat grid, 4 vectors of one row, if it fills enough lanes. Measured
     on Emerald Rapids, 1 thread, against the previous default (column vectors of 8 lanes, 6 channels,
     kw unrolled): 14x14x384 3x3 1.55x, 14x14x672 5x5 3.8x, 56x56x144 3x3 1.21x, 7x7x960 3x3 (flat)
@@ -245,7 +246,8 @@ def _depthwise_tile(task: TuningTask, target: Target) -> tuple[int, int, int, in
     if not (g.groups > 1 and g.icg == 1 and g.ocg == 1) or g.oc < DW_MR:
         return None
     if 4 * g.ow >= 3 * lanes:
-        return lanes, DW_MR, min(2, -(-g.ow // lanes)), min(3 if g.kh >= 5 else 2, g.oh), 0
+        nw = min(2, -(-g.ow // lanes))
+        return lanes, DW_MR, nw, min(3 if g.kh >= 5 and nw == 1 else 2, g.oh), 0
     p = plan(task, {**PROBE, "vw": lanes, "flat": 1})
     tiles = -(-p.out_w // (4 * lanes))
     if g.oh * g.ow < DW_FLAT_MIN_EFF * tiles * 4 * lanes:
