@@ -176,3 +176,20 @@ def test_flattened_pointwise_default_keeps_the_narrow_layer_rule():
     wide = qconv2d.default_config(qconv2d.task((1, 256, 56, 56), (64, 256, 1, 1)), HOST).knobs
     assert narrow["axis"] == ("oc" if available(HOST)[0] != "generic" else "w")
     assert (wide["axis"], wide["rh"]) == ("w", 1)
+
+
+def test_default_lanes_on_channels_for_28_wide_windows_and_pointwise_pixels_that_fill_tiles():
+    """3x3 convs up to 28 columns wide with 64+ channels put lanes on channels; a 1x1 one on 7x7 or 14x14
+    takes 10 pixels a tile (5 tiles of 50 for 49 pixels, where 12 would idle 11 of 60), exact when run."""
+    if available(HOST)[0] == "generic":
+        pytest.skip("the lanes-on-channels default needs a vector dot-product path")
+    window = qconv2d.task((1, 128, 28, 28), (128, 128, 3, 3), pads=(1, 1, 1, 1))
+    assert qconv2d.default_config(window, HOST).knobs["axis"] == "oc"
+    assert qconv2d.default_config(qconv2d.task((1, 128, 32, 32), (128, 128, 3, 3)), HOST).knobs["axis"] == "w"
+    for hw, mr in ((7, 10), (14, 10), (4, 8)):
+        knobs = qconv2d.default_config(qconv2d.task((1, 96, hw, hw), (160, 96, 1, 1)), HOST).knobs
+        assert (knobs["axis"], knobs["mr"]) == ("oc", mr), hw
+    task = qconv2d.task((1, 72, 7, 7), (80, 72, 1, 1), x_zero_point=40, y_zero_point=7)
+    inputs = qconv2d.make_inputs(task, seed=2)
+    knobs = qconv2d.default_config(task, HOST).knobs
+    np.testing.assert_array_equal(_run(task, HOST, knobs, inputs, threads=2), qconv2d.reference(task, inputs))

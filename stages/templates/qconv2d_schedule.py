@@ -22,8 +22,12 @@ ORDER = ("ot_rt", "rt_ot")
 AXIS = ("w", "oc", "dw")
 MAX_UNROLLED_DOTS = 1024  # taps x tile: keeps a candidate's compile time down
 # Lanes on output channels by default for narrow layers with channels enough (measured on ResNet-50's
-# 14x14 and 7x7 layers: 1.3-3.8x the column-lanes tile, which leaves lanes idle past 7 or 14 columns)
-OC_AXIS_MAX_OW, OC_AXIS_MIN_OC = 14, 64
+# 14x14 and 7x7 layers: 1.3-3.8x the column-lanes tile, which leaves lanes idle past 7 or 14 columns); for
+# windows up to 28 columns (ResNet-50's 28x28 3x3 convs: 0.90-0.92x the two-vector column tile, Zen 5)
+OC_AXIS_MAX_OW, OC_AXIS_MAX_OW_WINDOW, OC_AXIS_MIN_OC = 14, 28, 64
+# Pixels a 1x1 lanes-on-channels tile takes: the most of these whose last tile idles at most 1% more of the
+# pixels than the best of them (7x7 outputs: 10 wastes 1 of 50, 12 wastes 11 of 60; 0.85x on ResNet-50's)
+OC_POINTWISE_MR = (12, 10, 8)
 
 
 def tile_registers(isa: str, mr: int, rh: int, nv: int) -> int:
@@ -99,9 +103,15 @@ def _dw_rule(g: ConvGeom, isa: str, mr: int, rh: int, nv: int, uk: int, order: o
     return None
 
 
+def _pointwise_pixels(pixels: int) -> int:
+    waste = {m: -(-pixels // m) * m / pixels for m in OC_POINTWISE_MR}
+    return next(m for m in OC_POINTWISE_MR if waste[m] <= min(waste.values()) + 0.01)
+
+
 def default_qconv(g: ConvGeom, target: Target, what: str = "", image_ow: int | None = None) -> Config:
-    """Narrow layers with many channels (OW <= 14, 64+ channels a group): lanes on output channels, a
-    6 pixels x 4 vectors tile (12 x 2 for 1x1 windows). Otherwise lanes on output columns: the fastest
+    """Narrow layers with many channels (OW <= 14, or 28 with a window; 64+ channels a group): lanes on
+    output channels, a 6 pixels x 4 vectors tile (for 1x1 windows 2 vectors x 8-12 pixels, the count that
+    idles the fewest pixels in the last tile). Otherwise lanes on output columns: the fastest
     path the target runs, or its 256-bit one when 16 lanes would waste a third of the columns;
     vectors to cover a row (up to 4), rows to make the tile 4 vectors; as many output channels as
     the registers left hold; the channel-block loop unrolled twice for 1x1 windows. Checked by the
@@ -126,9 +136,11 @@ def default_qconv(g: ConvGeom, target: Target, what: str = "", image_ow: int | N
         dnv = max(1, min(NV[-1], -(-g.ow // lanes)))
         oc_tiles.append({"isa": isa, "mr": 1, "rh": max(1, min(max(RH), g.oh, 8 // dnv)), "nv": dnv, "uk": 1,
                          "order": "ot_rt", "axis": "dw"})
-    if (image_ow or g.ow) <= OC_AXIS_MAX_OW and g.ocg >= OC_AXIS_MIN_OC and wide != "generic":
+    ow = image_ow or g.ow
+    narrow = ow <= (OC_AXIS_MAX_OW_WINDOW if g.kh * g.kw > 1 else OC_AXIS_MAX_OW)
+    if narrow and g.ocg >= OC_AXIS_MIN_OC and wide != "generic":
         # 1x1 windows: a narrower panel (2 vectors) stays in L1 over the whole reduction
-        onv, omr = (4, 6) if g.kh * g.kw > 1 else (2, 12)
+        onv, omr = (4, 6) if g.kh * g.kw > 1 else (2, _pointwise_pixels(g.oh * g.ow))
         oc_tiles = [{**knobs, "isa": wide, "axis": "oc", "rh": 1, "nv": onv, "mr": omr}]
     candidates = [*oc_tiles, knobs, {**knobs, "uk": 1}, {**knobs, "mr": max(1, mr // 2), "uk": 1},
                   {**knobs, "mr": 1, "rh": 1, "nv": 1, "uk": 1},
