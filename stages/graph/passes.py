@@ -12,8 +12,8 @@
    become one node each, which the fusion pass absorbs as one epilogue op.
 3. `rewrite_layernorm` (passes_norm.py): the opset < 17 decomposition of layer normalisation
    (ReduceMean, Sub, Pow, ReduceMean, Add, Sqrt, Div, Mul, Add) becomes one LayerNormalization.
-   `unit_transposes_to_reshapes` (passes_views.py): a Transpose that only moves unit dims is a Reshape
-   (an alias at run time, not a copy).
+   `simplify_views` (passes_views.py): a Transpose that only moves unit dims is a Reshape (an alias at
+   run time, not a copy); Slices of a Transpose slice its input first where that leaves such Transposes.
 4. `fuse_attention_softmax` (passes_transformer.py): attention's scale, mask add, softmax and NaN guard
    after Q K^T become one AttentionSoftmax row kernel.
 5. `fuse` (passes_fuse.py): every Conv / Gemm / MatMul becomes an anchor node with a TuningTask
@@ -38,7 +38,7 @@ from stages.graph.passes_fuse import fuse
 from stages.graph.passes_norm import fuse_add_layernorm, rewrite_layernorm
 from stages.graph.passes_quant import quantize_graph
 from stages.graph.passes_transformer import fuse_attention_softmax
-from stages.graph.passes_views import unit_transposes_to_reshapes
+from stages.graph.passes_views import simplify_views
 from stages.graph.qtasks import assign_int8_tasks
 
 
@@ -47,7 +47,7 @@ def optimize(graph: Graph) -> Graph:
     passes add new constants, they never write into existing ones)."""
     g = copy.deepcopy(graph, memo={id(a): a for a in graph.constants.values()})
     for p in (quantize_graph, assign_int8_tasks, fold_batchnorm, rewrite_activations, rewrite_layernorm,
-              unit_transposes_to_reshapes, fuse_attention_softmax, fuse, fuse_add_layernorm, eliminate_dead):
+              simplify_views, fuse_attention_softmax, fuse, fuse_add_layernorm, eliminate_dead):
         p(g)
     return g
 
