@@ -10,7 +10,8 @@ pass iff max abs error <= 1e-3 x max |reference| on every output. Prints the cou
 `--int8` quantizes each case first (`quantize_static`, as users quantize) and judges the int8 builds
 (default and random tuned configs on the host, default on the x86-64-avx2 preset) by onnxruntime's int8 run
 within one quantization step, or by `onnx.reference` where onnxruntime's own rounding is off it; writes the
-`fuzz_int8` section.
+`fuzz_int8` section. `--family transformer` fuzzes encoder/decoder graphs instead
+(tests/support/fuzz_transformers.py; section `fuzz_transformers`).
 """
 
 from __future__ import annotations
@@ -46,7 +47,8 @@ def report(outcomes: list[Outcome], wall_s: float, args, command: str) -> str:
     for o in failures:
         groups[failure_class(o)].append(o)
     lines = [f"`{command}` ({time.strftime('%Y-%m-%d')}, {args.jobs} job(s) on 2 cores; a failure rebuilds with "
-             "`make_case(seed, case)` from `tests/support/fuzz_graphs.py`).", "",
+             f"`{'make_transformer_case' if args.family == 'transformer' else 'make_case'}(seed, case)` from "
+             f"`tests/support/{'fuzz_transformers' if args.family == 'transformer' else 'fuzz_graphs'}.py`).", "",
              "| cases | " + " | ".join(STATUSES) + " | median s/case | wall s/case |",
              "|---" * (len(STATUSES) + 3) + "|",
              f"| {len(outcomes)} | " + " | ".join(str(tally[s]) for s in STATUSES)
@@ -73,11 +75,13 @@ def main(argv: list[str] | None = None) -> list[Outcome]:
     ap.add_argument("--jobs", type=int, default=2, help="cases run in parallel, one process each")
     ap.add_argument("--timeout", type=float, default=300.0, help="seconds before a case counts as a hang")
     ap.add_argument("--int8", action="store_true", help="quantize each case and judge the int8 builds")
+    ap.add_argument("--family", choices=["cnn", "transformer"], default="cnn",
+                    help="graph generator: CNNs (fuzz_graphs) or transformer layers (fuzz_transformers)")
     ap.add_argument("--no-write", action="store_true", help="print the section, leave RESULTS.md alone")
     args = ap.parse_args(argv)
     start = time.monotonic()
     outcomes = []
-    for o in run_cases(args.seed, range(args.cases), args.jobs, args.timeout, args.int8):
+    for o in run_cases(args.seed, range(args.cases), args.jobs, args.timeout, args.int8, args.family):
         outcomes.append(o)
         if o.status != "pass":
             print(f"{o.status.upper()} seed {o.seed} case {o.index} ({o.seconds:.1f} s): {o.description}\n"
@@ -87,11 +91,14 @@ def main(argv: list[str] | None = None) -> list[Outcome]:
     outcomes.sort(key=lambda o: o.index)
     command = COMMAND + "".join(f" --{k} {v}" for k, v, d in (("cases", args.cases, 1000), ("seed", args.seed, 0),
                                                               ("jobs", args.jobs, 2)) if v != d)
-    command += " --int8" if args.int8 else ""
+    command += (" --int8" if args.int8 else "") + (f" --family {args.family}" if args.family != "cnn" else "")
     body = report(outcomes, time.monotonic() - start, args, command)
     print(body)
     if not args.no_write:
-        if args.int8:
+        if args.family == "transformer":
+            replace_section("fuzz_transformers", "Differential fuzzing of transformer graphs (`benchmarks/"
+                                                 "fuzz_models.py --family transformer`)", body)
+        elif args.int8:
             replace_section("fuzz_int8", "Differential fuzzing of quantized CNN graphs (`benchmarks/fuzz_models.py "
                                          "--int8`)", body)
         else:

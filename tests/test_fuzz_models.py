@@ -10,10 +10,14 @@ from onnx import helper
 from support import fuzz_check
 from support.fuzz_check import check, counts, run_cases
 from support.fuzz_graphs import ACTS, make_case
+from support.fuzz_transformers import make_transformer_case
 
 SEED = 20261201
 CASES = 50
 INT8_CASES = 20
+TRANSFORMER_CASES = 16
+TRANSFORMER_COVERED = ("ids<", "pad", "causal", "attn[qkv", "kT", "ln*", "ln>", ">ln", "cls>pool", "+gelu",
+                       "+gelu_tanh", "+relu", "t1 ", "t2 ", " 2x")
 # Blocks and attributes the fixed set must reach, by their words in the case descriptions.
 COVERED = ("res[", "down[", "mb[", "cat[", "se[", "gap", "fc>", "max", "avg", "ceil", "incl", "dw", "+bn", "d2",
            "s2", "out:", "t1 ", "t2 ") + tuple(f"+{a}" for a in ACTS)
@@ -76,3 +80,17 @@ def test_seeded_random_quantized_models_match_onnxruntime_int8():
               for o in outcomes if o.status != "pass"]
     assert not failed, f"{counts(outcomes)}\n" + "\n".join(failed)
     assert sum(o.anchors for o in outcomes) >= INT8_CASES
+
+
+@pytest.mark.filterwarnings("ignore::DeprecationWarning")
+def test_seeded_random_transformer_graphs_match_onnxruntime():
+    """Encoder/decoder layers as exporters write them (token ids or hidden states in, padding and causal
+    masks, both LayerNorm forms, fused or separate Q/K/V), default and random tuned configs."""
+    a, b = make_transformer_case(SEED, 5), make_transformer_case(SEED, 5)
+    assert a.model.SerializeToString() == b.model.SerializeToString() and a.description == b.description
+    text = " ".join(make_transformer_case(SEED, i).description for i in range(TRANSFORMER_CASES))
+    assert [w for w in TRANSFORMER_COVERED if w not in text] == []
+    outcomes = sorted(run_cases(SEED, range(TRANSFORMER_CASES), jobs=2, family="transformer"), key=lambda o: o.index)
+    failed = [f"{o.status} seed {o.seed} case {o.index}: {o.description}\n    {o.detail}"
+              for o in outcomes if o.status != "pass"]
+    assert not failed, f"{counts(outcomes)}\n" + "\n".join(failed)

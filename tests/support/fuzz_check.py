@@ -44,10 +44,12 @@ from stages.log import TuningLog
 from stages.runtime import load
 from stages.templates import TEMPLATES, template_for
 from support.fuzz_graphs import Case, make_case
+from support.fuzz_transformers import make_transformer_case
 from testing.quantize import quantize_static
 
 RTOL = 1e-3
 STEPS = 1.0  # int8: quantization steps of the output's scale an element may be off
+FAMILIES = {"cnn": make_case, "transformer": make_transformer_case}  # case generators by graph family
 STATUSES = ("pass", "mismatch", "crash", "unsupported")
 SAMPLE_TRIES = 4000
 
@@ -214,20 +216,21 @@ def check(case: Case, workdir: Path, int8: bool = False) -> Outcome:
     return done("pass")
 
 
-def _child(seed: int, index: int, int8: bool, conn) -> None:
-    case = make_case(seed, index)
+def _child(seed: int, index: int, int8: bool, family: str, conn) -> None:
+    case = FAMILIES[family](seed, index)
     with tempfile.TemporaryDirectory(prefix="tf-fuzz-") as tmp:
         conn.send(check(case, Path(tmp), int8))
     conn.close()
 
 
-def _died(seed: int, index: int, how: str, started: float) -> Outcome:
-    return Outcome(seed, index, make_case(seed, index).description, "crash", how, time.monotonic() - started)
+def _died(seed: int, index: int, family: str, how: str, started: float) -> Outcome:
+    return Outcome(seed, index, FAMILIES[family](seed, index).description, "crash", how, time.monotonic() - started)
 
 
 def run_cases(seed: int, indices: Iterable[int], jobs: int = 1, timeout_s: float = 120.0,
-              int8: bool = False) -> Iterator[Outcome]:
-    """Outcomes of the cases (quantized with `int8`) as they finish, `jobs` forked processes at a time."""
+              int8: bool = False, family: str = "cnn") -> Iterator[Outcome]:
+    """Outcomes of the `family`'s cases (quantized with `int8`) as they finish, `jobs` forked processes at a
+    time."""
     ctx = mp.get_context("forkserver")
     ctx.set_forkserver_preload(["support.fuzz_check"])
     todo = list(indices)
@@ -236,7 +239,7 @@ def run_cases(seed: int, indices: Iterable[int], jobs: int = 1, timeout_s: float
         while todo and len(running) < jobs:
             index = todo.pop(0)
             recv, send = ctx.Pipe(duplex=False)
-            proc = ctx.Process(target=_child, args=(seed, index, int8, send), daemon=True)
+            proc = ctx.Process(target=_child, args=(seed, index, int8, family, send), daemon=True)
             proc.start()
             send.close()
             running[proc.sentinel] = (proc, recv, index, time.monotonic())
@@ -256,10 +259,10 @@ def run_cases(seed: int, indices: Iterable[int], jobs: int = 1, timeout_s: float
                         continue
                     code = proc.exitcode
                     how = f"killed by {signal.Signals(-code).name}" if code < 0 else f"exit code {code}"
-                    outcome = _died(seed, index, f"process {how}", started)
+                    outcome = _died(seed, index, family, f"process {how}", started)
             elif now - started > timeout_s:
                 proc.kill()
-                outcome = _died(seed, index, f"timeout after {timeout_s:.0f} s", started)
+                outcome = _died(seed, index, family, f"timeout after {timeout_s:.0f} s", started)
             else:
                 continue
             proc.join(5)
