@@ -53,9 +53,9 @@ class _Net:
         self.count += 1
         return f"{prefix}{self.count}"
 
-    def const(self, prefix: str, value) -> str:
+    def const(self, prefix: str, value, dtype=np.float32) -> str:
         name = self.fresh(prefix)
-        arr = np.asarray(value, np.float32)
+        arr = np.asarray(value, dtype)
         self.inits.append(numpy_helper.from_array(arr, name))
         self.shapes[name] = arr.shape
         return name

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import numpy as np
 import onnx
-from onnx import TensorProto, helper, numpy_helper
+from onnx import TensorProto, helper
 
 from stages.runtime.feeds import padding_mask
 from support.fuzz_graphs import OPSET, Case, _Net
@@ -22,13 +22,6 @@ MAX_FLOPS = 30e6
 
 
 class _Tx(_Net):
-    def iconst(self, prefix: str, value) -> str:
-        name = self.fresh(prefix)
-        arr = np.asarray(value, np.int64)
-        self.inits.append(numpy_helper.from_array(arr, name))
-        self.shapes[name] = arr.shape
-        return name
-
     def weight(self, rows: int, cols: int) -> str:
         return self.const("w", self.rng.standard_normal((rows, cols)) / np.sqrt(rows))
 
@@ -53,7 +46,7 @@ class _Tx(_Net):
         return self.op("Add", [self.op("Mul", [normed, gamma], s), beta], s), "ln*"
 
     def heads(self, x: str, b: int, s: int, h: int, d: int, perm: list[int]) -> str:
-        split = self.op("Reshape", [x, self.iconst("shape", [b, s, h, d])], (b, s, h, d))
+        split = self.op("Reshape", [x, self.const("shape", [b, s, h, d], np.int64)], (b, s, h, d))
         shape = tuple((b, s, h, d)[p] for p in perm)
         return self.op("Transpose", [split], shape, perm=perm)
 
@@ -64,7 +57,7 @@ def _attention(net: _Tx, x: str, b: int, s: int, h: int, d: int, bias: str | Non
     if net.chance(0.4):  # one fused projection, split in three (GPT-2's c_attn)
         qkv = net.linear(x, 3 * hidden)
         outs = [net.fresh("split_") for _ in range(3)]
-        net.nodes.append(helper.make_node("Split", [qkv, net.iconst("sizes", [hidden] * 3)], outs,
+        net.nodes.append(helper.make_node("Split", [qkv, net.const("sizes", [hidden] * 3, np.int64)], outs,
                                           name=net.fresh("Split"), axis=-1))
         for o in outs:
             net.shapes[o] = (b, s, hidden)
@@ -92,7 +85,7 @@ def _attention(net: _Tx, x: str, b: int, s: int, h: int, d: int, bias: str | Non
     probs = net.op("Softmax", [scores], (b, h, s, s), axis=-1)
     ctx = net.op("MatMul", [probs, net.heads(v, b, s, h, d, [0, 2, 1, 3])], (b, h, s, d))
     merged = net.op("Transpose", [ctx], (b, s, h, d), perm=[0, 2, 1, 3])
-    flat = net.op("Reshape", [merged, net.iconst("shape", [b, s, hidden])], (b, s, hidden))
+    flat = net.op("Reshape", [merged, net.const("shape", [b, s, hidden], np.int64)], (b, s, hidden))
     return net.linear(flat, hidden), "attn" + ("[" + ",".join(words) + "]" if words else "")
 
 
@@ -107,14 +100,11 @@ def _mask_bias(net: _Tx, b: int, s: int, padding: bool, causal: bool) -> str | N
     bias = None
     if padding:
         m = net.op("Cast", ["attention_mask"], (b, s), to=TensorProto.FLOAT)
-        m4 = net.op("Unsqueeze", [m, net.iconst("axes", [1, 2])], (b, 1, 1, s))
+        m4 = net.op("Unsqueeze", [m, net.const("axes", [1, 2], np.int64)], (b, 1, 1, s))
         inv = net.op("Sub", [net.const("c", 1.0), m4], (b, 1, 1, s))
         bias = net.op("Mul", [inv, net.const("c", np.finfo(np.float32).min)], (b, 1, 1, s))
     if causal:
-        keep = np.tril(np.ones((s, s), dtype=bool))
-        name = net.fresh("causal")
-        net.inits.append(numpy_helper.from_array(keep, name))
-        net.shapes[name] = (s, s)
+        name = net.const("causal", np.tril(np.ones((s, s), dtype=bool)), bool)
         base = bias if bias is not None else net.const("c", 0.0)
         shape = (b, 1, s, s) if bias is not None else (s, s)
         bias = net.op("Where", [name, base, net.const("c", np.finfo(np.float32).min)], shape)
@@ -175,7 +165,7 @@ def make_transformer_case(seed: int, index: int) -> Case:
         words.append(norm)
     outputs = [x]
     if net.chance(0.3):  # the class token, pooled
-        first = net.op("Gather", [x, net.iconst("idx", 0)], (b, hidden), axis=1)
+        first = net.op("Gather", [x, net.const("idx", 0, np.int64)], (b, hidden), axis=1)
         pooled = net.op("Tanh", [net.linear(first, hidden)], (b, hidden))
         outputs.append(pooled)
         words.append("cls>pool")
