@@ -356,3 +356,24 @@ def test_average_pool_between_dq_and_q_becomes_qavgpool_rounding_as_onnxruntime(
     for who, got in results.items():
         assert got["y"].shape == want.shape, who
         assert np.abs(got["y"].astype(int) - want).max() <= (1 if who == "onnx.reference" else 0), who
+
+
+def test_qavgpool_rounds_exact_ties_to_even_before_adding_an_odd_zero_point(tmp_path):
+    """Equal input and output scales make every window whose sum is 2 mod 4 an exact .5 tie; QuantizeLinear
+    rounds it to even and then adds the zero point. Adding the odd zero point first (the fuzzer's case 0:123)
+    sent every tie to the odd neighbour, a step that a following 7x7 depthwise conv made six."""
+    inits = {"s": np.float32(0.0625), "z": np.array(7, np.int8)}
+    nodes = [helper.make_node("DequantizeLinear", ["x", "s", "z"], ["xf"]),
+             helper.make_node("AveragePool", ["xf"], ["p"], kernel_shape=[2, 2], strides=[1, 1]),
+             helper.make_node("QuantizeLinear", ["p", "s", "z"], ["y"])]
+    model = _model(nodes, [("x", "int8", (1, 3, 9, 8))], [("y", "int8")], inits)
+    x = np.random.default_rng(5).integers(-40, 40, (1, 3, 9, 8)).astype(np.int8)
+    total = sum(x[..., i:i + 8, j:j + 7].astype(int) - 7 for i in (0, 1) for j in (0, 1))
+    assert (total % 4 == 2).sum() > 30  # the inputs hold ties
+    want = np.round(total / 4).astype(int) + 7  # numpy rounds half to even, exactly on these quarters
+    graph = optimize(load_model(model))
+    assert [n.op for n in graph.nodes] == ["qavgpool"]
+    assert np.array_equal(run(graph, {"x": x})["y"].astype(int), want)
+    build_library(graph, Target.host(), tmp_path / "lib", 1)
+    assert np.array_equal(load(tmp_path / "lib").run(x=x)["y"].astype(int), want)
+    assert np.array_equal(ReferenceEvaluator(model).run(None, {"x": x})[0].astype(int), want)

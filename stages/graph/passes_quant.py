@@ -249,7 +249,7 @@ def _add(g: Graph, node: Node) -> None:
 
 def _average_pool(g: Graph, node: Node) -> None:
     """DQ -> AveragePool -> Q: `qavgpool`, the window sum of dequantized values in float32 (rows, then columns),
-    divided by its count, then y = saturate(round(avg / sy + zy)): onnxruntime's QLinearAveragePool."""
+    divided by its count, then y = saturate(round(avg / sy) + zy), QuantizeLinear's rounding."""
     prod, users = g.producer(), g.consumers()
     dq = _run_time_dq(g, node.inputs[0], prod)
     q = g.sole_consumer(node.outputs[0], users)

@@ -139,7 +139,7 @@ def _qadd(args: list[np.ndarray], a: dict) -> list[np.ndarray]:
 def _qavgpool(args: list[np.ndarray], a: dict) -> list[np.ndarray]:
     """Average of dequantized values over each window (float32 sum in row-major tap order, padding left out; the
     count excludes padding unless `count_include_pad`, and never counts the end padding), requantized as
-    saturate(round(avg / sy + zy))."""
+    saturate(round(avg / sy) + zy)."""
     x, f = args[0], np.float32
     kh, kw = a["kernel_shape"]
     (sh, sw), (pt, pl) = a["strides"], a["pads"][:2]
@@ -158,7 +158,7 @@ def _qavgpool(args: list[np.ndarray], a: dict) -> list[np.ndarray]:
         count = np.full((oh, ow), kh * kw)
     else:
         count = np.outer(np.minimum(rows + kh, h) - np.maximum(rows, 0), np.minimum(cols + kw, w) - np.maximum(cols, 0))
-    y = np.rint((acc / count.astype(f)).astype(f) / f(a["y_scale"]) + f(a["y_zero_point"]))
+    y = np.rint((acc / count.astype(f)).astype(f) / f(a["y_scale"])) + f(a["y_zero_point"])
     lo, hi = limits(a["y_dtype"])
     return [np.clip(y, lo, hi).astype(a["y_dtype"])]
 

@@ -298,8 +298,10 @@ def qadd(ctx: OpCtx) -> None:
 
 
 def qavgpool(ctx: OpCtx) -> None:
-    """onnxruntime's QLinearAveragePool: the window's dequantized values summed in float32 in tap order (padding
-    left out), divided by the count (of real elements unless `count_include_pad`), then y = round(avg / sy + zy)."""
+    """DQ -> AveragePool -> Q: the window's dequantized values summed in float32 in tap order (padding left out),
+    divided by the count (of real elements unless `count_include_pad`), then y = round(avg / sy) + zy. The zero
+    point is added after rounding, as QuantizeLinear says: added before, an odd zero point flips every exact
+    .5 tie (a window sum that is 3 mod 6) to the odd neighbour, one step that a following conv multiplies."""
     *lead, h, wd = ctx.in_shape()
     oh, ow = ctx.out_shape()[-2:]
     kh, kw = ctx.attr("kernel_shape")
@@ -334,7 +336,7 @@ def qavgpool(ctx: OpCtx) -> None:
             else:
                 count = b.sitofp(b.mul(extent(oy, sh, pt, kh, h), extent(ox, sw, pl, kw, wd)), F32)
             avg = b.fdiv(b.load(acc), count)
-            q = saturate(b, roundeven(b, b.fadd(b.fdiv(avg, sy), zy)), out_dtype)
+            q = saturate(b, b.fadd(roundeven(b, b.fdiv(avg, sy)), zy), out_dtype)
             b.store(q, gep(b, y, add(b, mul(b, plane, i64(oh * ow)), add(b, mul(b, oy, i64(ow)), ox))), align=1)
 
 
