@@ -301,7 +301,7 @@ def qavgpool(ctx: OpCtx) -> None:
     """DQ -> AveragePool -> Q: the window's dequantized values summed in float32 in tap order (padding left out),
     divided by the count (of real elements unless `count_include_pad`), then y = round(avg / sy) + zy. The zero
     point is added after rounding, as QuantizeLinear says: added before, an odd zero point flips every exact
-    .5 tie (a window sum that is 3 mod 6) to the odd neighbour, one step that a following conv multiplies."""
+    .5 tie (equal scales, a window sum that is an odd multiple of half the count) to the odd neighbour."""
     *lead, h, wd = ctx.in_shape()
     oh, ow = ctx.out_shape()[-2:]
     kh, kw = ctx.attr("kernel_shape")
