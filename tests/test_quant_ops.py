@@ -19,6 +19,7 @@ from stages.build.library import build_library
 from stages.extract import ModelError, load_model
 from stages.graph.passes import optimize
 from stages.graph.reference import run
+from stages.graph.reference_quant import limits
 from stages.runtime import load
 from testing.quantize import onnxruntime_run
 
@@ -358,10 +359,11 @@ def test_average_pool_between_dq_and_q_becomes_qavgpool_rounding_as_onnxruntime(
         assert np.abs(got["y"].astype(int) - want).max() <= (1 if who == "onnx.reference" else 0), who
 
 
-def test_qavgpool_rounds_exact_ties_to_even_before_adding_an_odd_zero_point(tmp_path):
-    """Equal input and output scales make every window whose sum is 2 mod 4 an exact .5 tie; QuantizeLinear
-    rounds it to even and then adds the zero point. Adding the odd zero point first (the fuzzer's case 0:123)
-    sent every tie to the odd neighbour, a step that a following 7x7 depthwise conv made six."""
+def test_qavgpool_rounds_exact_ties_as_onnxruntime_adding_the_zero_point_first(tmp_path):
+    """Equal input and output scales make every window whose sum is 2 mod 4 an exact .5 tie. onnxruntime's
+    QLinearAveragePool (which it runs for DQ -> AveragePool -> Q) rounds avg / sy + zy, so an odd zero point
+    sends each tie to the other neighbour than QuantizeLinear's round-then-add. tunaflow copies onnxruntime:
+    rounding as QuantizeLinear put DenseNet-121 at 224x224 two output steps off onnxruntime's int8 run."""
     inits = {"s": np.float32(0.0625), "z": np.array(7, np.int8)}
     nodes = [helper.make_node("DequantizeLinear", ["x", "s", "z"], ["xf"]),
              helper.make_node("AveragePool", ["xf"], ["p"], kernel_shape=[2, 2], strides=[1, 1]),
@@ -369,11 +371,65 @@ def test_qavgpool_rounds_exact_ties_to_even_before_adding_an_odd_zero_point(tmp_
     model = _model(nodes, [("x", "int8", (1, 3, 9, 8))], [("y", "int8")], inits)
     x = np.random.default_rng(5).integers(-40, 40, (1, 3, 9, 8)).astype(np.int8)
     total = sum(x[..., i:i + 8, j:j + 7].astype(int) - 7 for i in (0, 1) for j in (0, 1))
-    assert (total % 4 == 2).sum() > 30  # the inputs hold ties
-    want = np.round(total / 4).astype(int) + 7  # numpy rounds half to even, exactly on these quarters
+    ties = total % 4 == 2
+    assert ties.sum() > 30  # the inputs hold ties
+    want = np.round(total / 4 + 7).astype(int)  # numpy rounds half to even, exactly on these quarters
+    spec = np.round(total / 4).astype(int) + 7
+    assert np.array_equal(want[~ties], spec[~ties]) and not np.array_equal(want[ties], spec[ties])
     graph = optimize(load_model(model))
     assert [n.op for n in graph.nodes] == ["qavgpool"]
+    assert np.array_equal(onnxruntime_run(model, {"x": x})["y"].astype(int), want)
     assert np.array_equal(run(graph, {"x": x})["y"].astype(int), want)
     build_library(graph, Target.host(), tmp_path / "lib", 1)
     assert np.array_equal(load(tmp_path / "lib").run(x=x)["y"].astype(int), want)
-    assert np.array_equal(ReferenceEvaluator(model).run(None, {"x": x})[0].astype(int), want)
+    assert np.array_equal(ReferenceEvaluator(model).run(None, {"x": x})[0].astype(int), spec)
+
+
+def _near_ties(op: str, dtype: str):
+    """Q -> DQ -> op -> Q -> DQ, float in and out, so each int8 tensor sits in a Q/DQ pair inside the graph, as in
+    a quantized model. Its outputs land on and next to .5 often: scales a power of two apart (a 3-wide window's
+    mean, a 1.5x rescale), odd zero points, inputs on every byte of the range."""
+    lo, hi = limits(dtype)
+    z = {"uint8": (131, 7, 77), "int8": (-3, 7, 51)}[dtype]
+    sa, sb = np.float32(0.0478), np.float32(0.0478 * 1.5)
+    # the op's float multiplier (sa / sy; sa * sb / sy) a hair under 0.5: halves of odd integers fall just short
+    # of .5, which the zero point's float add keeps or rounds onto the tie, by its size
+    scale = {"avgpool": 2 * sa, "add": 2 * sa, "mul": 2 * sa * sb}[op]
+    sy = np.float32(scale)
+    while (sa * sb if op == "mul" else sa) / sy >= np.float32(0.5):
+        sy = np.nextafter(sy, np.float32(1))
+    inits = {"sa": sa, "za": np.array(z[0], dtype), "sb": sb, "zb": np.array(z[1], dtype), "sy": sy,
+             "zy": np.array(z[2], dtype)}
+    shape = (1, 8, 24, 24)
+    pair = [helper.make_node("QuantizeLinear", ["a", "sa", "za"], ["aq"]),
+            helper.make_node("DequantizeLinear", ["aq", "sa", "za"], ["af"]),
+            helper.make_node("QuantizeLinear", ["b", "sb", "zb"], ["bq"]),
+            helper.make_node("DequantizeLinear", ["bq", "sb", "zb"], ["bf"])]
+    body = {"avgpool": [helper.make_node("AveragePool", ["af"], ["t"], kernel_shape=[1, 3], strides=[1, 1])],
+            "add": [helper.make_node("Add", ["af", "bf"], ["t"])],
+            "mul": [helper.make_node("Mul", ["af", "bf"], ["t"])]}[op]
+    nodes = (pair[:2] if op == "avgpool" else pair) + body + [
+        helper.make_node("QuantizeLinear", ["t", "sy", "zy"], ["yq"]),
+        helper.make_node("DequantizeLinear", ["yq", "sy", "zy"], ["y"])]
+    inputs = [("a", "float32", shape)] + ([] if op == "avgpool" else [("b", "float32", shape)])
+    model = _model(nodes, inputs, [("y", "float32")], inits)
+    rng = np.random.default_rng(3)
+    feeds = {n: ((rng.integers(lo, hi + 1, shape) - zp) * sc).astype(np.float32)
+             for (n, _, _), sc, zp in zip(inputs, (sa, sb), z, strict=False)}
+    return model, feeds, sy
+
+
+@pytest.mark.parametrize("dtype", ["uint8", "int8"])
+@pytest.mark.parametrize("op", ["avgpool", "add", "mul"])
+def test_fused_int8_ops_round_exactly_as_onnxruntime_on_near_ties(tmp_path, op, dtype):
+    """onnxruntime on x86 runs the int8 tensors of Q/DQ pairs as uint8 with the zero point + 128, and QLinearAdd,
+    QLinearMul and QLinearAveragePool add zero points in float before rounding, so values near .5 round by the
+    shifted sum. qadd, qmul and qavgpool copy it, in the interpreter and in the library: every output equals
+    onnxruntime's."""
+    model, feeds, step = _near_ties(op, dtype)
+    graph = optimize(load_model(model))
+    assert f"q{op}" in [n.op for n in graph.nodes]
+    want = onnxruntime_run(model, feeds)["y"]
+    assert np.abs(run(graph, feeds)["y"] - want).max() / step < 1e-3
+    build_library(graph, Target.host(), tmp_path / "lib", 1)
+    assert np.abs(load(tmp_path / "lib").run(**feeds)["y"] - want).max() / step < 1e-3

@@ -32,18 +32,46 @@ INT8_MEMORY_OPS = ("MaxPool", "Reshape", "Flatten", "Concat")
 
 
 def quantize_graph(g: Graph) -> None:
+    shifted = u8_pairs(g)
     for node in [n for n in g.nodes if n.op in ANCHOR_OPS]:
         _anchor(g, node)
     for node in [n for n in g.nodes if n.op == "Add"]:
-        _add(g, node)
+        _add(g, node, shifted)
     for node in [n for n in g.nodes if n.op == "AveragePool"]:
-        _average_pool(g, node)
+        _average_pool(g, node, shifted)
     for node in [n for n in g.nodes if n.op in INT8_MEMORY_OPS]:
         _memory_op(g, node)
     from stages.graph.passes_quant_islands import quantize_islands  # it builds on this module's helpers
 
-    quantize_islands(g)
+    quantize_islands(g, shifted)
     _fold_constant_dequantize(g)
+
+
+def u8_pairs(g: Graph) -> set[str]:
+    """The int8 tensors onnxruntime runs as uint8 on x86, zero point + 128 (its QDQS8ToU8 rewrite): the output of a
+    QuantizeLinear read by one DequantizeLinear alone (not a graph output), itself read once, by a node or as a graph
+    output (onnxruntime first gives each reader its own DequantizeLinear). QLinearAdd, QLinearMul and QLinearAveragePool add zero
+    points in float before rounding, so near .5 the shifted sum rounds otherwise than the unshifted one."""
+    users = g.consumers()
+    outs = {v.name for v in g.outputs}
+    found = set()
+    for q in g.nodes:
+        if q.op != "QuantizeLinear" or len(q.inputs) < 3 or q.inputs[2] not in g.constants \
+                or g.constants[q.inputs[2]].dtype != np.int8:
+            continue
+        y = q.outputs[0]
+        readers = users.get(y, [])
+        if len(readers) != 1 or readers[0].op != "DequantizeLinear" or y in outs:
+            continue
+        dq_out = readers[0].outputs[0]
+        if len(users.get(dq_out, [])) + (dq_out in outs) == 1:
+            found.add(y)
+    return found
+
+
+def shifts(names: dict[str, str], shifted: set[str]) -> dict[str, int]:
+    """`{attr: 128 or 0}` for the tensors `names` ({attr: tensor}) by whether onnxruntime runs them as uint8."""
+    return {k: 128 if v in shifted else 0 for k, v in names.items()}
 
 
 def task_fields(g: Graph, node: Node) -> dict:
@@ -222,13 +250,13 @@ def _clamp(op: Node, sy: float, zy: int, dtype: str) -> dict:
 
 # --- 2. int8 memory-bound ops ---------------------------------------------------------------------------
 
-def _add(g: Graph, node: Node) -> None:
+def _add(g: Graph, node: Node, shifted: set[str]) -> None:
     """DQ(a) + DQ(b) -> Q of equal shapes: `qadd`, y = saturate(round(fma(a, ra, fma(b, rb, offset)))) with
     ra = sa / sy, rb = sb / sy, offset = zy - fma(ra, za, rb * zb), all float32: how onnxruntime's fused
     QLinearAdd rounds on x86 (its AVX2 kernel; the compiler contracts the offset's multiply-add into an fma),
     matched on every pair of uint8 values for 300 random scale sets (tests/test_quant_islands.py runs 60; a
     plain multiply-add offset misses one set in twenty by a step somewhere; the float DQ, Add, Q of ONNX's
-    definition misses now and then)."""
+    definition misses now and then). Int8 tensors onnxruntime runs as uint8 (`u8_pairs`) are shifted likewise."""
     prod, users = g.producer(), g.consumers()
     dqs = [_run_time_dq(g, i, prod) for i in node.inputs]
     q = g.sole_consumer(node.outputs[0], users)
@@ -240,16 +268,17 @@ def _add(g: Graph, node: Node) -> None:
         return
     (sa, za, _), (sb, zb, _), (sy, zy, _) = (_qparams(g, n) for n in (*dqs, q))
     f = np.float32
+    sh = shifts({"a_shift": a, "b_shift": b, "y_shift": q.outputs[0]}, shifted)
     ra, rb = f(sa[0]) / f(sy[0]), f(sb[0]) / f(sy[0])
-    offset = f(zy[0]) - fma32(ra, f(za[0]), rb * f(zb[0]))
-    attrs = {"a_ratio": float(ra), "b_ratio": float(rb), "offset": float(offset), "y_dtype": y_dtype}
+    offset = f(zy[0] + sh["y_shift"]) - fma32(ra, f(za[0] + sh["a_shift"]), rb * f(zb[0] + sh["b_shift"]))
+    attrs = {"a_ratio": float(ra), "b_ratio": float(rb), "offset": float(offset), "y_dtype": y_dtype, **sh}
     new = Node(node.name, "qadd", [a, b], list(q.outputs), attrs)
     g.nodes = [new if n is node else n for n in g.nodes if n is not q]
 
 
-def _average_pool(g: Graph, node: Node) -> None:
+def _average_pool(g: Graph, node: Node, shifted: set[str]) -> None:
     """DQ -> AveragePool -> Q: `qavgpool`, the window sum of dequantized values in float32 (rows, then columns),
-    divided by its count, then y = saturate(round(avg / sy) + zy), QuantizeLinear's rounding."""
+    divided by its count, then y = saturate(round(avg / sy + zy)), onnxruntime's QLinearAveragePool rounding."""
     prod, users = g.producer(), g.consumers()
     dq = _run_time_dq(g, node.inputs[0], prod)
     q = g.sole_consumer(node.outputs[0], users)
@@ -258,7 +287,8 @@ def _average_pool(g: Graph, node: Node) -> None:
         return
     (sx, zx, _), (sy, zy, _) = _qparams(g, dq), _qparams(g, q)
     attrs = {**node.attrs, "x_scale": float(sx[0]), "x_zero_point": int(zx[0]), "y_scale": float(sy[0]),
-             "y_zero_point": int(zy[0]), "y_dtype": g.constants[q.inputs[2]].dtype.name}
+             "y_zero_point": int(zy[0]), "y_dtype": g.constants[q.inputs[2]].dtype.name,
+             **shifts({"y_shift": q.outputs[0]}, shifted)}
     new = Node(node.name, "qavgpool", [dq.inputs[0]], list(q.outputs), attrs)
     g.nodes = [new if n is node else n for n in g.nodes if n is not q]
 

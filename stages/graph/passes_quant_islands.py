@@ -17,7 +17,7 @@ from __future__ import annotations
 import numpy as np
 
 from stages.graph.ir import Graph, Node, Value
-from stages.graph.passes_quant import _const, _qparams, _run_time_dq
+from stages.graph.passes_quant import _const, _qparams, _run_time_dq, shifts
 from stages.graph.reference_quant import LUT_FUNCTIONS, lookup_table
 
 # Ops the layout search walks through to the ops that decide onnxruntime's layout of a ReduceMean.
@@ -25,11 +25,12 @@ _LAYOUT_NEUTRAL = ("QuantizeLinear", "DequantizeLinear", "qadd", "qmul", "qlut",
 _NHWC_OPS = ("qconv2d", "qavgpool", "MaxPool", "Conv")
 
 
-def quantize_islands(g: Graph) -> None:
+def quantize_islands(g: Graph, shifted: set[str]) -> None:
+    """`shifted`: the int8 tensors onnxruntime runs as uint8 (passes_quant.u8_pairs)."""
     for node in [n for n in g.nodes if n.op in LUT_FUNCTIONS]:
         _lookup(g, node)
     for node in [n for n in g.nodes if n.op == "Mul"]:
-        _mul(g, node)
+        _mul(g, node, shifted)
     for node in [n for n in g.nodes if n.op == "BatchNormalization"]:
         _batch_norm(g, node)
     for node in [n for n in g.nodes if n.op == "ReduceMean"]:
@@ -72,7 +73,7 @@ def _lookup(g: Graph, node: Node) -> None:
     _replace(g, node, new, [q])
 
 
-def _mul(g: Graph, node: Node) -> None:
+def _mul(g: Graph, node: Node, shifted: set[str]) -> None:
     found = _island(g, node, 2)
     if found is None:
         return
@@ -84,7 +85,7 @@ def _mul(g: Graph, node: Node) -> None:
     f = np.float32
     ratio = f(pa["x_scale"]) * f(pb["x_scale"]) / f(pa["y_scale"])
     attrs = {"a_zero_point": pa["x_zero_point"], "b_zero_point": pb["x_zero_point"], "ratio": float(ratio),
-             "y_zero_point": pa["y_zero_point"], "y_dtype": pa["y_dtype"]}
+             "y_zero_point": pa["y_zero_point"], "y_dtype": pa["y_dtype"], **shifts({"y_shift": q.outputs[0]}, shifted)}
     _replace(g, node, Node(node.name, "qmul", [a, b], list(q.outputs), attrs), [q])
 
 

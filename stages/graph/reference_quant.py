@@ -125,21 +125,22 @@ def _matmul_integer(args: list[np.ndarray], a: dict) -> list[np.ndarray]:
 
 
 def _qadd(args: list[np.ndarray], a: dict) -> list[np.ndarray]:
-    """saturate(round(fma(A, ra, fma(B, rb, offset)))) in float32 (passes_quant.py derives the constants). Each
+    """saturate(round(fma(A, ra, fma(B, rb, offset)))) in float32 (passes_quant.py derives the constants; int8
+    operands and the offset shifted into uint8 by the `*_shift` attributes, as onnxruntime runs them). Each
     fused multiply-add is exact in float64 before its one rounding: an 8-bit integer times a float32, plus a
     float32 of like magnitude, spans well under 53 bits."""
-    f = np.float32
-    x, y = (v.astype(np.float64) for v in args)
+    f, shift = np.float32, a.get("y_shift", 0)
+    x, y = (v.astype(np.float64) + a.get(k, 0) for v, k in zip(args, ("a_shift", "b_shift"), strict=True))
     inner = (y * f(a["b_ratio"]) + f(a["offset"])).astype(np.float32)
     total = (x * f(a["a_ratio"]) + inner).astype(np.float32)
     lo, hi = limits(a["y_dtype"])
-    return [np.clip(np.rint(total), lo, hi).astype(a["y_dtype"])]
+    return [np.clip(np.rint(total) - shift, lo, hi).astype(a["y_dtype"])]
 
 
 def _qavgpool(args: list[np.ndarray], a: dict) -> list[np.ndarray]:
     """Average of dequantized values over each window (float32 sum in row-major tap order, padding left out; the
     count excludes padding unless `count_include_pad`, and never counts the end padding), requantized as
-    saturate(round(avg / sy) + zy)."""
+    onnxruntime's QLinearAveragePool does: saturate(round(avg / sy + zy)), in float32 (zy shifted by `y_shift`)."""
     x, f = args[0], np.float32
     kh, kw = a["kernel_shape"]
     (sh, sw), (pt, pl) = a["strides"], a["pads"][:2]
@@ -158,9 +159,10 @@ def _qavgpool(args: list[np.ndarray], a: dict) -> list[np.ndarray]:
         count = np.full((oh, ow), kh * kw)
     else:
         count = np.outer(np.minimum(rows + kh, h) - np.maximum(rows, 0), np.minimum(cols + kw, w) - np.maximum(cols, 0))
-    y = np.rint((acc / count.astype(f)).astype(f) / f(a["y_scale"])) + f(a["y_zero_point"])
+    shift = a.get("y_shift", 0)
+    y = np.rint(((acc / count.astype(f)).astype(f) / f(a["y_scale"])).astype(f) + f(a["y_zero_point"] + shift))
     lo, hi = limits(a["y_dtype"])
-    return [np.clip(y, lo, hi).astype(a["y_dtype"])]
+    return [np.clip(y - shift, lo, hi).astype(a["y_dtype"])]
 
 
 def pool_shape(h: int, w: int, a: dict) -> tuple[int, int]:
@@ -228,12 +230,13 @@ def _qlut(args: list[np.ndarray], a: dict) -> list[np.ndarray]:
 
 def _qmul(args: list[np.ndarray], a: dict) -> list[np.ndarray]:
     """onnxruntime's QLinearMul: y = saturate(round(float32((a - za) * (b - zb)) * ratio + zy)), float32 each step,
-    ratio = sa * sb / sy."""
+    ratio = sa * sb / sy, zy shifted by `y_shift`."""
     x, y = args
+    shift = a.get("y_shift", 0)
     prod = ((x.astype(np.int32) - int(a["a_zero_point"])) * (y.astype(np.int32) - int(a["b_zero_point"])))
-    total = prod.astype(np.float32) * np.float32(a["ratio"]) + np.float32(a["y_zero_point"])
+    total = prod.astype(np.float32) * np.float32(a["ratio"]) + np.float32(a["y_zero_point"] + shift)
     lo, hi = limits(a["y_dtype"])
-    return [np.clip(np.rint(total), lo, hi).astype(a["y_dtype"])]
+    return [np.clip(np.rint(total) - shift, lo, hi).astype(a["y_dtype"])]
 
 
 def eigen_sum(v: np.ndarray, offsets: np.ndarray) -> np.ndarray:

@@ -281,15 +281,21 @@ def matmul_integer(ctx: OpCtx) -> None:
 
 
 def qadd(ctx: OpCtx) -> None:
-    """y = saturate(round(fma(a, ra, fma(b, rb, offset)))) over two int8 tensors of one shape, in float32."""
+    """y = saturate(round(fma(a, ra, fma(b, rb, offset)))) over two int8 tensors of one shape, in float32; int8
+    operands shifted into uint8 where onnxruntime runs them so (`*_shift`; the offset is the shifted one) and the
+    output back after rounding."""
     shape, dtype = ctx.out_shape(), ctx.attr("y_dtype")
     ra, rb, offset = (f32(float(ctx.attr(k))) for k in ("a_ratio", "b_ratio", "offset"))
     da, db = ctx.in_dtype(0), ctx.in_dtype(1)
+    shifts = [int(ctx.attr(k, 0)) for k in ("a_shift", "b_shift")]
+    shift = int(ctx.attr("y_shift", 0))
 
     def fn(b: ir.IRBuilder, v: list[ir.Value]) -> ir.Value:
-        x, y = (b.sitofp(widen(b, val, d), F32) for val, d in zip(v, (da, db), strict=True))
+        x, y = (b.sitofp(b.add(widen(b, val, d), ir.Constant(I32, s)), F32)
+                for val, d, s in zip(v, (da, db), shifts, strict=True))
         fma = intrinsic(b.module, "llvm.fma.f32", F32, [F32] * 3)
-        return saturate(b, roundeven(b, b.call(fma, [x, ra, b.call(fma, [y, rb, offset])])), dtype, finite=True)
+        total = roundeven(b, b.call(fma, [x, ra, b.call(fma, [y, rb, offset])]))
+        return saturate(b, b.fsub(total, f32(shift)), dtype, finite=True)
 
     def block(b: ir.IRBuilder, start: ir.Value, count: int) -> None:
         emit_map(b, (count,), Operand(gep(b, ctx.out(), start), (1,)),
@@ -298,17 +304,20 @@ def qadd(ctx: OpCtx) -> None:
 
 
 def qavgpool(ctx: OpCtx) -> None:
-    """DQ -> AveragePool -> Q: the window's dequantized values summed in float32 in tap order (padding left out),
-    divided by the count (of real elements unless `count_include_pad`), then y = round(avg / sy) + zy. The zero
-    point is added after rounding, as QuantizeLinear says: added before, an odd zero point flips every exact
-    .5 tie (equal scales, a window sum that is an odd multiple of half the count) to the odd neighbour."""
+    """onnxruntime's QLinearAveragePool, which it runs for every DQ -> AveragePool -> Q: the window's dequantized
+    values summed in float32 in tap order (padding left out), divided by the count (of real elements unless
+    `count_include_pad`), then y = round(avg / sy + zy) (zy shifted by `y_shift`). The zero point is added
+    before rounding, unlike
+    QuantizeLinear (round, then add): with an odd zero point an exact .5 tie goes to the other neighbour, one
+    step that following layers multiply (DenseNet-121 at 224x224: 2 output steps off onnxruntime)."""
     *lead, h, wd = ctx.in_shape()
     oh, ow = ctx.out_shape()[-2:]
     kh, kw = ctx.attr("kernel_shape")
     (sh, sw), (pt, pl) = ctx.attr("strides"), ctx.attr("pads")[:2]
     dtype, out_dtype = ctx.in_dtype(), ctx.attr("y_dtype")
     sx, zx = f32(float(ctx.attr("x_scale"))), ir.Constant(I32, int(ctx.attr("x_zero_point")))
-    sy, zy = f32(float(ctx.attr("y_scale"))), f32(float(ctx.attr("y_zero_point")))
+    shift = int(ctx.attr("y_shift", 0))
+    sy, zy = f32(float(ctx.attr("y_scale"))), f32(float(ctx.attr("y_zero_point") + shift))
     b, x, y = ctx.b, ctx.inp(), ctx.out()
     acc = ctx.local()
 
@@ -336,7 +345,7 @@ def qavgpool(ctx: OpCtx) -> None:
             else:
                 count = b.sitofp(b.mul(extent(oy, sh, pt, kh, h), extent(ox, sw, pl, kw, wd)), F32)
             avg = b.fdiv(b.load(acc), count)
-            q = saturate(b, b.fadd(roundeven(b, b.fdiv(avg, sy)), zy), out_dtype)
+            q = saturate(b, b.fsub(roundeven(b, b.fadd(b.fdiv(avg, sy), zy)), f32(shift)), out_dtype)
             b.store(q, gep(b, y, add(b, mul(b, plane, i64(oh * ow)), add(b, mul(b, oy, i64(ow)), ox))), align=1)
 
 

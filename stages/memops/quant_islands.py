@@ -45,15 +45,18 @@ def qlut(ctx: OpCtx) -> None:
 
 
 def qmul(ctx: OpCtx) -> None:
-    """y = saturate(round(float32((a - za) * (b - zb)) * ratio + zy)), a and b broadcast to y's shape."""
-    shape = ctx.out_shape()
+    """y = saturate(round(float32((a - za) * (b - zb)) * ratio + zy)), a and b broadcast to y's shape; zy shifted
+    by `y_shift` before rounding and back after, where onnxruntime runs the int8 output as uint8."""
+    shape, dtype = ctx.out_shape(), ctx.attr("y_dtype")
     za, zb = (ir.Constant(I32, int(ctx.attr(k))) for k in ("a_zero_point", "b_zero_point"))
-    ratio, zy, dtype = f32(float(ctx.attr("ratio"))), f32(float(ctx.attr("y_zero_point"))), ctx.attr("y_dtype")
+    shift = int(ctx.attr("y_shift", 0))
+    ratio, zy = f32(float(ctx.attr("ratio"))), f32(float(ctx.attr("y_zero_point") + shift))
     da, db = ctx.in_dtype(0), ctx.in_dtype(1)
 
     def fn(b: ir.IRBuilder, v: list[ir.Value]) -> ir.Value:
         prod = b.mul(b.sub(widen(b, v[0], da), za), b.sub(widen(b, v[1], db), zb))
-        return saturate(b, roundeven(b, b.fadd(b.fmul(b.sitofp(prod, F32), ratio), zy)), dtype, finite=True)
+        total = roundeven(b, b.fadd(b.fmul(b.sitofp(prod, F32), ratio), zy))
+        return saturate(b, b.fsub(total, f32(shift)), dtype, finite=True)
     strides = [broadcast_strides(ctx.in_shape(i), shape) for i in (0, 1)] + [contiguous_strides(shape)]
     if len(shape) < 3:
         ins = [Operand(ctx.inp(i), strides[i]) for i in (0, 1)]
