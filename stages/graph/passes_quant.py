@@ -50,8 +50,8 @@ def quantize_graph(g: Graph) -> None:
 def u8_pairs(g: Graph) -> set[str]:
     """The int8 tensors onnxruntime runs as uint8 on x86, zero point + 128 (its QDQS8ToU8 rewrite): the output of a
     QuantizeLinear read by one DequantizeLinear alone (not a graph output), itself read once, by a node or as a graph
-    output (onnxruntime first gives each reader its own DequantizeLinear). QLinearAdd, QLinearMul and QLinearAveragePool add zero
-    points in float before rounding, so near .5 the shifted sum rounds otherwise than the unshifted one."""
+    output (onnxruntime first gives each reader its own DequantizeLinear). QLinearAdd, QLinearMul and
+    QLinearAveragePool add zero points in float before rounding, so near .5 the shifted sum rounds otherwise."""
     users = g.consumers()
     outs = {v.name for v in g.outputs}
     found = set()
