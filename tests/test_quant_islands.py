@@ -253,3 +253,28 @@ def test_built_islands_match_onnxruntimes_int8_run_exactly(tmp_path, batch, acti
         want, got = onnxruntime_run(model, feeds), library.run(**feeds)
         for k in want:
             np.testing.assert_array_equal(got[k], want[k], err_msg=k)
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+def test_qbatchnorm_library_on_the_worker_pool_equals_the_interpreter(tmp_path, threads):
+    """A DenseNet-sized pre-activation (2 images of 64 planes of 28x28) split over the pool's threads: every byte as the
+    interpreter (which test_qbatchnorm_is_onnxruntimes_float_batch_norm holds to onnxruntime)."""
+    rng = np.random.default_rng(5)
+    c, shape = 64, (2, 64, 28, 28)  # two images: the plane index wraps round the channels
+    p = _qparams(rng, "uint8", "xy", -5.0, -2.0)
+    bn = {"sc": rng.standard_normal(c).astype(f), "bi": rng.standard_normal(c).astype(f),
+          "mu": rng.standard_normal(c).astype(f), "var": rng.uniform(0.05, 3, c).astype(f)}
+    g = _graph([Node("dq", "DequantizeLinear", ["x", "sx", "zx"], ["xf"], {"axis": None}),
+                Node("bn", "BatchNormalization", ["xf", "sc", "bi", "mu", "var"], ["b"], {"epsilon": 1e-5}),
+                Node("relu", "Relu", ["b"], ["r"], {}),
+                Node("q", "QuantizeLinear", ["r", "sy", "zy"], ["y"], {"axis": None, "dtype": "uint8"})],
+               {"x": (shape, "uint8"), "xf": (shape, "float32"), "b": (shape, "float32"),
+                "r": (shape, "float32"), "y": (shape, "uint8")}, {**p, **bn})
+    _batch_norm(g, g.nodes[1])
+    g.nodes = [n for n in g.nodes if n.op != "DequantizeLinear"]  # read by no one now
+    assert [n.op for n in g.nodes] == ["qbatchnorm"]
+    node = g.nodes[0]
+    x = rng.integers(0, 256, shape).astype(np.uint8)
+    want = QUANT_OPS["qbatchnorm"]([x, *(g.constants[i] for i in node.inputs[1:])], node.attrs)[0]
+    build_library(g, Target.host(), tmp_path / "lib", threads)
+    np.testing.assert_array_equal(load(tmp_path / "lib").run(x=x)["y"], want)
