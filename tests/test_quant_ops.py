@@ -433,3 +433,21 @@ def test_fused_int8_ops_round_exactly_as_onnxruntime_on_near_ties(tmp_path, op, 
     assert np.abs(run(graph, feeds)["y"] - want).max() / step < 1e-3
     build_library(graph, Target.host(), tmp_path / "lib", 1)
     assert np.abs(load(tmp_path / "lib").run(**feeds)["y"] - want).max() / step < 1e-3
+
+
+@pytest.mark.parametrize("target", ["host", "x86-64-avx2"])
+@pytest.mark.parametrize("zw", [0, 2])
+def test_matmul_integer_with_constant_weights_runs_the_dot_product_path_exactly(tmp_path, zw, target):
+    """quantize_dynamic's MatMulInteger with int8 weights: K = 141 crosses whole 4-byte x lanes chunks (VNNI's
+    64, AVX2's 32) and a byte tail; the run-time activation zero point comes out through the column sums."""
+    rng = np.random.default_rng(11)
+    k, n = 141, 7
+    inits = {"w": rng.integers(-128, 126, (k, n)).astype(np.int8), "zw": np.array(zw, np.int8)}
+    nodes = [helper.make_node("DynamicQuantizeLinear", ["x"], ["xq", "xs", "xz"]),
+             helper.make_node("MatMulInteger", ["xq", "w", "xz", "zw"], ["mm"])]
+    model = _model(nodes, [("x", "float32", (2, 3, k))], [("mm", "int32"), ("xs", "float32")], inits)
+    feeds = {"x": (rng.standard_normal((2, 3, k)) * 3 + 1).astype(np.float32)}
+    want = onnxruntime_run(model, feeds)["mm"]
+    graph = optimize(load_model(model))
+    build_library(graph, Target.host() if target == "host" else preset(target), tmp_path / "lib", 2)
+    np.testing.assert_array_equal(load(tmp_path / "lib").run(**feeds)["mm"], want)

@@ -65,7 +65,7 @@ from stages.log import TuningLog
 from stages.memops.anchor import GENERIC_OPS, generic_anchor
 from stages.memops.opctx import STATUS
 from stages.memops.registry import ALIASES, OpCtx, UnsupportedOp, generator, unsupported_nodes
-from stages.templates import TEMPLATES, template_for
+from stages.templates import TEMPLATES, qgemm_isa, template_for
 from stages.templates.conv2d import Halo
 
 RUN = "tf_run"
@@ -232,7 +232,7 @@ def _lower(graph: Graph, module: ir.Module, choices: dict[str, Choice], target: 
             low.root[node.outputs[0]] = low.root.get(node.inputs[0], node.inputs[0])
             low.infos.append(OpInfo(node=node.name, op=node.op, kind="alias"))
         else:
-            ctx = OpCtx.open(module, graph, node, symbol, threads)
+            ctx = OpCtx.open(module, graph, node, symbol, threads, qgemm_isa.available(target)[0])
             try:
                 (generic_anchor if node.task is not None and node.task.op in GENERIC_OPS else generator(ctx))(ctx)
             except (UnsupportedOp, ValueError) as exc:
