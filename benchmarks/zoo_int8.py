@@ -32,7 +32,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from benchmarks.results import replace_section  # noqa: E402
-from benchmarks.zoo import MODELS, NUMBER, ROUNDS, filled  # noqa: E402
+from benchmarks.zoo import MODELS, NUMBER, ROUNDS, TRANSFORMERS, filled  # noqa: E402
 from schemas import Target  # noqa: E402
 from stages.build.library import build_library  # noqa: E402
 from stages.extract import load_model  # noqa: E402
@@ -42,7 +42,7 @@ from stages.log import TuningLog  # noqa: E402
 from stages.runtime import load  # noqa: E402
 from stages.runtime.compare import compare, onnxruntime_runner, paired_ratio, random_feeds  # noqa: E402
 from stages.tune.loop import tunable  # noqa: E402
-from testing.quantize import quantize_static  # noqa: E402
+from testing.quantize import quantize_dynamic, quantize_static  # noqa: E402
 
 
 def output_step(proto: onnx.ModelProto) -> float:
@@ -63,7 +63,8 @@ def tune(path: Path, log: Path, out: Path, budget: int, threads: int) -> None:
 def bench_model(name: str, threads: int, per_task: int, logs: Path, fp32_logs: Path, target: Target, work: Path,
                 rounds: int) -> dict:
     fp32_path = filled(name, work)
-    proto = quantize_static(onnx.load(fp32_path))
+    dynamic = name in TRANSFORMERS  # what users do to a transformer: quantize_dynamic, float outputs
+    proto = (quantize_dynamic if dynamic else quantize_static)(onnx.load(fp32_path))
     q_path = work / f"{name}-int8.onnx"
     onnx.save(proto, q_path)
     graph = optimize(load_model(q_path))
@@ -81,24 +82,30 @@ def bench_model(name: str, threads: int, per_task: int, logs: Path, fp32_logs: P
                   fp32_log if fp32_log.exists() else None)
     default, tuned, fp32 = (load(work / d) for d in ("int8-default", "int8-tuned", "fp32"))
     ort = onnxruntime_runner(q_path, threads)
-    step = output_step(proto)
+    step = None if dynamic else output_step(proto)
     steps, top1 = 0.0, True
     for seed in range(5):
         feeds = random_feeds(tuned, seed)
         want = ort(feeds)[0]
         for lib in (default, tuned):
             got = next(iter(lib.run(**feeds).values()))
-            steps = max(steps, float(np.abs(got - want).max()) / step)
-            top1 = top1 and int(got.argmax()) == int(want.argmax())
+            steps = max(steps, float(np.abs(got - want).max()) / (step or float(np.abs(want).max())))
+            top1 = top1 and (dynamic or int(got.argmax()) == int(want.argmax()))
     feeds = random_feeds(tuned)
     raw = compare({"default": lambda: default.run(**feeds), "tuned": lambda: tuned.run(**feeds),
                    "onnxruntime": lambda: ort(feeds), "fp32": lambda: fp32.run(**feeds)},
                   number=NUMBER, rounds=rounds, idle_between=False)
     return {"model": name, "threads": threads, "tasks": len(tasks), "records": records, "tune_s": tune_s,
             "fp32": "tuned" if fp32_log.exists() else "default", "steps": steps, "top1": top1, "rounds": rounds,
+            "dynamic": dynamic,
             "ms": {k: v["median_ms"] for k, v in raw.items()},
             "default_ort": paired_ratio(raw, "default", "onnxruntime"),
             "tuned_ort": paired_ratio(raw, "tuned", "onnxruntime"), "tuned_fp32": paired_ratio(raw, "tuned", "fp32")}
+
+
+def _accuracy(row: dict) -> str:
+    """Output steps for a static model; for a dynamic one (float outputs) max abs error / max abs output."""
+    return f"{row['steps']:.1e} rel" if row["dynamic"] else f"{row['steps']:.2f}"
 
 
 def report(rows: list[dict], command: str) -> str:
@@ -106,7 +113,10 @@ def report(rows: list[dict], command: str) -> str:
     lines = [f"Command: `{command}`", "",
              f"Machine: {platform.machine()}, CPU `{host.cpu}`, {host.cores} cores. Models: the zoo CNNs with "
              "seeded random weights, quantized by onnxruntime's `quantize_static` (QDQ, per-channel int8 weights, "
-             "uint8 activations, min/max calibration on 2 random inputs), batch 1. Latency: median of "
+             "uint8 activations, min/max calibration on 2 random inputs), batch 1; BERT-2L (bert_2l, sequence 128) "
+             "by `quantize_dynamic` (int8 weights, activations quantized at run time: DynamicQuantizeLinear, "
+             "MatMulInteger), whose float output is judged by max abs error / max abs output (`rel`). "
+             "Latency: median of "
              f"{rows[0]['rounds'] * NUMBER} calls, the four interleaved in {rows[0]['rounds']} rounds of {NUMBER}; "
              "ratios are medians of per-round ratios. `steps`: the worst element of either int8 build off "
              "onnxruntime's int8 output over 5 inputs, in output quantization steps; `top-1`: agreeing on all 5. "
@@ -120,7 +130,7 @@ def report(rows: list[dict], command: str) -> str:
         lines.append(f"| {r['model']} | {r['threads']} | {r['tasks']} | {r['records']} | {r['tune_s']:.0f} | "
                      f"{ms['default']:.2f} | {ms['tuned']:.2f} | {ms['onnxruntime']:.2f} | {ms['fp32']:.2f} "
                      f"({r['fp32']}) | {r['default_ort']:.2f}x | {r['tuned_ort']:.2f}x | {r['tuned_fp32']:.2f}x | "
-                     f"{r['steps']:.2f} | {'yes' if r['top1'] else 'NO'} |")
+                     f"{_accuracy(r)} | {'-' if r['dynamic'] else 'yes' if r['top1'] else 'NO'} |")
     lines.append("")
     for threads in sorted({r["threads"] for r in rows}):
         sub = [r for r in rows if r["threads"] == threads]
@@ -134,7 +144,8 @@ def report(rows: list[dict], command: str) -> str:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--models", default=",".join(MODELS))
+    ap.add_argument("--models", default=",".join((*MODELS, "bert_2l")),
+                    help="zoo CNNs (quantize_static) and transformers (quantize_dynamic), comma-separated")
     ap.add_argument("--threads", default="1,2")
     ap.add_argument("--trials-per-task", type=int, default=0, help="int8 tuning budget = this x tasks (0: none)")
     ap.add_argument("--logs", type=Path, default=ROOT / "runs" / "bench-zoo-int8", help="int8 tuning logs (resumed)")
