@@ -20,6 +20,7 @@ from stages.memops.loops import (
     select_min,
 )
 from stages.memops.opctx import OpCtx
+from stages.memops.pool_map import pool_map
 from stages.memops.typed import convert
 
 
@@ -28,9 +29,8 @@ def elementwise(ctx: OpCtx, fn: Combine, inputs: list[int] | None = None) -> Non
     read as float."""
     shape = ctx.out_shape()
     idx = inputs if inputs is not None else [i for i in range(len(ctx.node.inputs)) if ctx.has_input(i)]
-    ins = [Operand(ctx.inp(i), broadcast_strides(ctx.in_shape(i), shape)) for i in idx]
     kinds = [ctx.in_dtype(i) for i in idx]
-    emit_map(ctx.b, shape, Operand(ctx.out(), contiguous_strides(shape)), ins,
+    pool_map(ctx, shape, [(i, broadcast_strides(ctx.in_shape(i), shape)) for i in idx],
              lambda b, v: fn(b, [convert(b, x, k, "float32") for x, k in zip(v, kinds, strict=True)]))
 
 

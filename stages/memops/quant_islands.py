@@ -18,6 +18,7 @@ from stages.codegen.irb import F32, I32, add, for_range, gep, i64, mul, vec
 from stages.memops import quant_flat, quant_mean
 from stages.memops.loops import Operand, broadcast_strides, contiguous_strides, emit_map, f32
 from stages.memops.opctx import OpCtx
+from stages.memops.pool_map import pool_map
 from stages.memops.quant import roundeven, saturate, widen
 
 I64 = ir.IntType(64)
@@ -58,22 +59,8 @@ def qmul(ctx: OpCtx) -> None:
         prod = b.mul(b.sub(widen(b, v[0], da), za), b.sub(widen(b, v[1], db), zb))
         total = roundeven(b, b.fadd(b.fmul(b.sitofp(prod, F32), ratio), zy))
         return saturate(b, b.fsub(total, f32(shift)), dtype, finite=True)
-    strides = [broadcast_strides(ctx.in_shape(i), shape) for i in (0, 1)] + [contiguous_strides(shape)]
-    if len(shape) < 3:
-        ins = [Operand(ctx.inp(i), strides[i]) for i in (0, 1)]
-        emit_map(ctx.b, shape, Operand(ctx.out(), strides[2]), ins, fn)
-        return
-    # one item per leading index (image x channel): squeeze-excite's gate broadcasts over the plane
-    lead, inner = shape[:-2], shape[-2:]
-    with ctx.parallel(math.prod(lead), min_items=-(-quant_flat.BLOCK // math.prod(inner))) as item:
-        b, rest, base = ctx.b, item, [i64(0)] * 3
-        for d in reversed(range(len(lead))):
-            idx = b.urem(rest, i64(lead[d])) if d else rest
-            rest = b.udiv(rest, i64(lead[d])) if d else rest
-            base = [add(b, base[j], mul(b, idx, i64(strides[j][d]))) for j in range(3)]
-        ptrs = [gep(b, ctx.inp(0), base[0]), gep(b, ctx.inp(1), base[1]), gep(b, ctx.out(), base[2])]
-        ops = [Operand(ptrs[j], strides[j][-2:]) for j in range(3)]
-        emit_map(b, inner, ops[2], ops[:2], fn)
+    # squeeze-excite's gate broadcasts over the plane: items by leading indices (image x channel)
+    pool_map(ctx, shape, [(i, broadcast_strides(ctx.in_shape(i), shape)) for i in (0, 1)], fn)
 
 
 def qbatchnorm(ctx: OpCtx) -> None:
