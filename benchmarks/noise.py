@@ -218,7 +218,7 @@ def cnn_section(args: argparse.Namespace) -> list[str]:
     return [f"The bundled CNN, {args.trials} trials per run, {args.threads} thread(s), seed {args.seed}; the three "
             f"builds timed interleaved after tuning ({args.rounds} rounds x 20 calls, ratios are medians of per-round "
             f"ratios; default build {stats['default']['median_ms']:.3f} ms). 'Busy': other processes kept more "
-            "than half a core busy, or steal exceeded 2%, during a task group's re-measurement.", "",
+            "than a quarter of a core busy, or steal exceeded 2%, during a task group's re-measurement.", "",
             *markdown_table(HEADER, rows)]
 
 

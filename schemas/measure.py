@@ -60,4 +60,4 @@ class Noise(BaseModel):
     load_avg: float = Field(ge=0, description="1-minute load average at the window's end (tuning's builds count)")
     other_cores: float = Field(description="cores kept busy, on average, by processes other than tunaflow's own")
     steal: float = Field(ge=0, le=1, description="share of CPU time the hypervisor gave other guests")
-    busy: bool = Field(description="other processes kept more than half a core busy, or steal exceeded 2%")
+    busy: bool = Field(description="other processes kept more than a quarter of a core busy, or steal exceeded 2%")

@@ -133,4 +133,4 @@ def test_a_core_burning_during_the_rounds_does_not_demote_the_fast_config(host):
     won, lost = done.results
     assert won.combined_s < lost.combined_s
     assert won.combined_s <= trials[0].median and lost.combined_s <= trials[1].median
-    assert done.noise is not None and done.noise.busy and done.noise.other_cores > 0.5
+    assert done.noise is not None and done.noise.busy and done.noise.other_cores > 0.3
