@@ -11,7 +11,9 @@ pass iff max abs error <= 1e-3 x max |reference| on every output. Prints the cou
 (default and random tuned configs on the host, default on the x86-64-avx2 preset) by onnxruntime's int8 run
 within one quantization step, or by `onnx.reference` where onnxruntime's own rounding is off it; writes the
 `fuzz_int8` section. `--family transformer` fuzzes encoder/decoder graphs instead
-(tests/support/fuzz_transformers.py; section `fuzz_transformers`).
+(tests/support/fuzz_transformers.py; section `fuzz_transformers`); with `--int8` they are quantized by
+`quantize_dynamic` (MatMulInteger, DynamicQuantizeLinear) and judged by the float rule against onnxruntime's
+int8 run (section `fuzz_int8_transformers`).
 """
 
 from __future__ import annotations
@@ -95,7 +97,11 @@ def main(argv: list[str] | None = None) -> list[Outcome]:
     body = report(outcomes, time.monotonic() - start, args, command)
     print(body)
     if not args.no_write:
-        if args.family == "transformer":
+        if args.family == "transformer" and args.int8:
+            replace_section("fuzz_int8_transformers", "Differential fuzzing of dynamically quantized transformer "
+                                                      "graphs (`benchmarks/fuzz_models.py --int8 --family "
+                                                      "transformer`)", body)
+        elif args.family == "transformer":
             replace_section("fuzz_transformers", "Differential fuzzing of transformer graphs (`benchmarks/"
                                                  "fuzz_models.py --family transformer`)", body)
         elif args.int8:

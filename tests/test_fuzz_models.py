@@ -16,6 +16,7 @@ SEED = 20261201
 CASES = 50
 INT8_CASES = 20
 TRANSFORMER_CASES = 16
+INT8_TRANSFORMER_CASES = 8
 TRANSFORMER_COVERED = ("ids<", "pad", "causal", "attn[qkv", "kT", "ln*", "ln>", ">ln", "cls>pool", "+gelu",
                        "+gelu_tanh", "+relu", "t1 ", "t2 ", " 2x")
 # Blocks and attributes the fixed set must reach, by their words in the case descriptions.
@@ -94,3 +95,18 @@ def test_seeded_random_transformer_graphs_match_onnxruntime():
     failed = [f"{o.status} seed {o.seed} case {o.index}: {o.description}\n    {o.detail}"
               for o in outcomes if o.status != "pass"]
     assert not failed, f"{counts(outcomes)}\n" + "\n".join(failed)
+
+
+@pytest.mark.filterwarnings("ignore::DeprecationWarning")
+def test_seeded_random_transformer_graphs_quantized_dynamically_match_onnxruntime_int8():
+    """The transformer generator's graphs quantized as users quantize transformers (`quantize_dynamic`: int8
+    weights in MatMulInteger, activations quantized at run time), built on the host (default and random tuned
+    configs) and the x86-64-avx2 preset, and judged against onnxruntime's int8 run by the float rule."""
+    ops = {n.op_type for n in fuzz_check.quantized_dynamic(make_transformer_case(SEED, 0)).model.graph.node}
+    assert {"MatMulInteger", "DynamicQuantizeLinear"} <= ops
+    outcomes = sorted(run_cases(SEED, range(INT8_TRANSFORMER_CASES), jobs=2, int8=True, family="transformer"),
+                      key=lambda o: o.index)
+    failed = [f"{o.status} seed {o.seed} case {o.index}: {o.description}\n    {o.detail}"
+              for o in outcomes if o.status != "pass"]
+    assert not failed, f"{counts(outcomes)}\n" + "\n".join(failed)
+    assert all(o.description.startswith("qd ") for o in outcomes)
