@@ -14,7 +14,8 @@ Normalised forms (stages/graph/reference_quant.py runs them):
 A DequantizeLinear of constants folds at import like any constant node (so BatchNormalization parameters and
 shape arithmetic stay constants), but its quantized origin is remembered (`Ctx.quantized`): a Conv, Gemm or
 MatMul reading such a constant as its weight or bias reads a DequantizeLinear node of the integers instead
-(`keep_unfolded`), so the quant pass still sees the int8 weights and their scales.
+(`keep_unfolded`), so the quant pass still sees the int8 weights and their scales; so does an Add or Mul of a
+run-time tensor and such a constant (`_operand_dq`).
 """
 
 from __future__ import annotations
@@ -140,6 +141,27 @@ def _anchor(op: str) -> Callable[..., list[Emit]]:
     return fn
 
 
+def _operand_dq(op: str) -> Callable[..., list[Emit]]:
+    """An Add / Mul of a run-time tensor and a folded quantized constant reads the constant as a kept
+    DequantizeLinear node of its integers, as an anchor reads its weight: onnxruntime runs DQ(x) + DQ(c) -> Q
+    as a QLinearAdd / QLinearMul of the integers, and the quant pass copies that arithmetic (passes_quant.py
+    `_add_scalar`, passes_quant_islands.py `_mul`); where it does not apply the DQ folds back."""
+    def fn(ins, outs, raw, ctx) -> list[Emit]:
+        emits = FLOAT_NORMALIZERS[op](ins, outs, raw, ctx)
+        out: list[Emit] = []
+        for e_op, e_ins, e_outs, attrs in emits:
+            e_ins = list(e_ins)
+            folded = [i for i, name in enumerate(e_ins[:2]) if name in ctx.quantized]
+            if e_op == op and len(e_ins) == 2 and len(folded) == 1 and e_ins[1 - folded[0]] not in ctx.consts:
+                src = ctx.quantized[e_ins[folded[0]]]
+                fresh = ctx.fresh(e_ins[folded[0]])
+                out.append((src[0], src[1], [fresh], {**src[3], "weight": 1}))
+                e_ins[folded[0]] = fresh
+            out.append((e_op, e_ins, e_outs, attrs))
+        return out
+    return fn
+
+
 def _as(ctx: Ctx, op: str, fn: Callable[[], list[Emit]]) -> list[Emit]:
     """Run a float normaliser as if the node were `op` (its attribute rules key on the op name)."""
     own, ctx.op = ctx.op, op
@@ -239,4 +261,5 @@ QUANT_NORMALIZERS: dict[str, Callable[..., list[Emit]]] = {
     "ConvInteger": _conv_integer, "MatMulInteger": _matmul_integer,
     "DynamicQuantizeLinear": _dynamic_quantize,
     **{op: _anchor(op) for op in ANCHOR_OPERANDS},
+    **{op: _operand_dq(op) for op in ("Add", "Mul")},
 }

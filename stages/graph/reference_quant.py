@@ -125,13 +125,14 @@ def _matmul_integer(args: list[np.ndarray], a: dict) -> list[np.ndarray]:
 
 
 def _qadd(args: list[np.ndarray], a: dict) -> list[np.ndarray]:
-    """saturate(round(fma(A, ra, fma(B, rb, offset)))) in float32 (passes_quant.py derives the constants; int8
+    """saturate(round(fma(A, ra, fma(B, rb, offset)))) in float32, or fma(A, ra, offset) with one input (a
+    constant scalar operand folded into the offset) (passes_quant.py derives the constants; int8
     operands and the offset shifted into uint8 by the `*_shift` attributes, as onnxruntime runs them). Each
     fused multiply-add is exact in float64 before its one rounding: an 8-bit integer times a float32, plus a
     float32 of like magnitude, spans well under 53 bits."""
     f, shift = np.float32, a.get("y_shift", 0)
-    x, y = (v.astype(np.float64) + a.get(k, 0) for v, k in zip(args, ("a_shift", "b_shift"), strict=True))
-    inner = (y * f(a["b_ratio"]) + f(a["offset"])).astype(np.float32)
+    x, *y = (v.astype(np.float64) + a.get(k, 0) for v, k in zip(args, ("a_shift", "b_shift")[:len(args)], strict=True))
+    inner = (y[0] * f(a["b_ratio"]) + f(a["offset"])).astype(np.float32) if y else f(a["offset"])
     total = (x * f(a["a_ratio"]) + inner).astype(np.float32)
     lo, hi = limits(a["y_dtype"])
     return [np.clip(np.rint(total) - shift, lo, hi).astype(a["y_dtype"])]

@@ -362,23 +362,27 @@ def _matmul_integer_dot(ctx: OpCtx, rows: int, k: int, n: int, w: np.ndarray) ->
 def qadd(ctx: OpCtx) -> None:
     """y = saturate(round(fma(a, ra, fma(b, rb, offset)))) over two int8 tensors of one shape, in float32; int8
     operands shifted into uint8 where onnxruntime runs them so (`*_shift`; the offset is the shifted one) and the
-    output back after rounding."""
+    output back after rounding. With one input (a constant scalar operand, folded into the offset at build time):
+    y = saturate(round(fma(a, ra, offset)))."""
     shape, dtype = ctx.out_shape(), ctx.attr("y_dtype")
-    ra, rb, offset = (f32(float(ctx.attr(k))) for k in ("a_ratio", "b_ratio", "offset"))
-    da, db = ctx.in_dtype(0), ctx.in_dtype(1)
-    shifts = [int(ctx.attr(k, 0)) for k in ("a_shift", "b_shift")]
+    n_in = len(ctx.node.inputs)
+    ra, offset = f32(float(ctx.attr("a_ratio"))), f32(float(ctx.attr("offset")))
+    rb = f32(float(ctx.attr("b_ratio"))) if n_in == 2 else None
+    dtypes = [ctx.in_dtype(i) for i in range(n_in)]
+    shifts = [int(ctx.attr(k, 0)) for k in ("a_shift", "b_shift")[:n_in]]
     shift = int(ctx.attr("y_shift", 0))
 
     def fn(b: ir.IRBuilder, v: list[ir.Value]) -> ir.Value:
-        x, y = (b.sitofp(b.add(widen(b, val, d), ir.Constant(I32, s)), F32)
-                for val, d, s in zip(v, (da, db), shifts, strict=True))
+        x, *y = (b.sitofp(b.add(widen(b, val, d), ir.Constant(I32, s)), F32)
+                 for val, d, s in zip(v, dtypes, shifts, strict=True))
         fma = intrinsic(b.module, "llvm.fma.f32", F32, [F32] * 3)
-        total = roundeven(b, b.call(fma, [x, ra, b.call(fma, [y, rb, offset])]))
+        inner = b.call(fma, [y[0], rb, offset]) if y else offset
+        total = roundeven(b, b.call(fma, [x, ra, inner]))
         return saturate(b, b.fsub(total, f32(shift)), dtype, finite=True)
 
     def block(b: ir.IRBuilder, start: ir.Value, count: int) -> None:
         emit_map(b, (count,), Operand(gep(b, ctx.out(), start), (1,)),
-                 [Operand(gep(b, ctx.inp(0), start), (1,)), Operand(gep(b, ctx.inp(1), start), (1,))], fn)
+                 [Operand(gep(b, ctx.inp(i), start), (1,)) for i in range(n_in)], fn)
     quant_flat.split(ctx, math.prod(shape), block)
 
 
