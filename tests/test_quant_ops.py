@@ -500,3 +500,24 @@ def test_an_int8_add_or_mul_by_a_quantized_constant_rounds_as_onnxruntime(tmp_pa
             build_library(graph, Target.host(), tmp_path / f"lib{trial}", 1)
             np.testing.assert_array_equal(load(tmp_path / f"lib{trial}").run(x=x)["y"], want)
     assert float_misses > 0  # the cases do reach the ties where the float definition differs
+
+
+@pytest.mark.parametrize("op", ["Add", "Mul"])
+def test_an_int8_pair_times_or_plus_a_quantized_constant_stays_float_as_onnxruntime_keeps_it(tmp_path, op):
+    """An int8 Q/DQ pair onnxruntime shifts into uint8 meets an int8 constant it does not shift: it leaves
+    DQ, op, Q in float, so tunaflow does too (its QLinear arithmetic would round near-ties otherwise)."""
+    rng = np.random.default_rng(4)
+    for trial in range(12):
+        inner = _scalar_operand_model(op, "int8", rng, const_first=False)
+        nodes = [helper.make_node("QuantizeLinear", ["xin", "sx", "zx"], ["x"]), *inner.graph.node,
+                 helper.make_node("DequantizeLinear", ["y", "sy", "zy"], ["out"])]
+        inits = {t.name: numpy_helper.to_array(t) for t in inner.graph.initializer}
+        model = _model(nodes, [("xin", "float32", (4, 64))], [("out", "float32")], inits)
+        xin = ((np.arange(-128, 128).reshape(4, 64) - inits["zx"].astype(int)) * inits["sx"]).astype(np.float32)
+        graph = optimize(load_model(model))
+        assert op in [n.op for n in graph.nodes]
+        want = onnxruntime_run(model, {"xin": xin})["out"]
+        np.testing.assert_array_equal(run(graph, {"xin": xin})["out"], want, err_msg=f"trial {trial}")
+        if trial == 0:
+            build_library(graph, Target.host(), tmp_path / "lib", 1)
+            np.testing.assert_array_equal(load(tmp_path / "lib").run(xin=xin)["out"], want)

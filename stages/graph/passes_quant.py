@@ -283,8 +283,9 @@ def _add_scalar(g: Graph, node: Node, q: Node, dqs: list[Node | None], shifted: 
     """DQ(x) + DQ(constant scalar) -> Q (hardswish's + 3, gelu's 1 + tanh): a one-input `qadd` whose offset holds
     the constant, y = saturate(round(fma(x, rx, fma(c, rc, zy - fma(rx, zx, rc * zc))))): QLinearAdd's scalar path
     (the constant's term folded into its fixed part by a multiply-add), matched on all 256 inputs for 400 scale
-    sets, 300 of them a hair from a tie (ONNX's float definition misses 98). Not for operands onnxruntime shifts
-    into uint8: that conversion of the constant is not measured."""
+    sets, 300 of them a hair from a tie (ONNX's float definition misses 98). Not where onnxruntime shifts the
+    int8 operand or output into uint8 (`shifted`): the int8 constant is not shifted with them, so onnxruntime
+    does not fuse and computes the Add in float."""
     prod = g.producer()
     consts = [_const_dq(g, i, prod) if d is None else None for i, d in zip(node.inputs, dqs, strict=True)]
     run = [d for d in dqs if d is not None]
