@@ -13,6 +13,12 @@ ratios). Writes the `zoo` section of benchmarks/RESULTS.md.
 
     flock /tmp/bench.lock .venv/bin/python benchmarks/zoo.py [--models resnet50,mobilenet_v2] [--threads 1,2]
     flock /tmp/bench.lock .venv/bin/python benchmarks/zoo.py --models transformers --trials-per-task 8
+    flock /tmp/bench.lock .venv/bin/python benchmarks/zoo.py --int8 --trials-per-task 8
+
+`--int8` adds the quantized rows in the same run (benchmarks/zoo_int8.py's, section `zoo_int8`): each CNN named
+quantized by `quantize_static` and BERT-2L by `quantize_dynamic`, its int8 default and tuned builds (the same
+per-task budget, logs under --logs/int8) against onnxruntime's int8 run and against this run's float32 build
+tuned from --logs.
 """
 
 from __future__ import annotations
@@ -171,6 +177,8 @@ def main() -> None:
     ap.add_argument("--tune-threads", help="tune only at these thread counts (default: every one)")
     ap.add_argument("--logs", type=Path, default=ROOT / "runs" / "bench-zoo", help="tuning logs (resumed)")
     ap.add_argument("--rounds", type=int, default=ROUNDS, help=f"timing rounds of {NUMBER} calls per contender")
+    ap.add_argument("--int8", action="store_true", help="also the quantized rows of the CNNs and BERT-2L among "
+                    "--models (int8 default, tuned, onnxruntime int8, this run's tuned float32): section zoo_int8")
     ap.add_argument("--no-write", action="store_true", help="print, do not update RESULTS.md")
     args = ap.parse_args()
     target = Target.host()
@@ -198,6 +206,27 @@ def main() -> None:
         print(text)
         if not args.no_write:
             replace_section(*SECTIONS[kind], text)
+    if args.int8:
+        int8_rows(args, [n for n in names if n in (*MODELS, "bert_2l")], target, command.strip())
+
+
+def int8_rows(args: argparse.Namespace, names: list[str], target: Target, command: str) -> None:
+    """The quantized zoo's rows (benchmarks/zoo_int8.py), tuned with the same per-task budget, its float32
+    comparator the builds this run tuned."""
+    from benchmarks import zoo_int8  # it imports this module's tables
+
+    rows = []
+    for name in names:
+        for threads in (int(t) for t in args.threads.split(",")):
+            with tempfile.TemporaryDirectory(prefix="tf-bench-zoo-int8-") as tmp:
+                row = zoo_int8.bench_model(name, threads, args.trials_per_task, args.logs / "int8", args.logs, target,
+                                           Path(tmp), args.rounds)
+            print(row, flush=True)
+            rows.append(row)
+    text = zoo_int8.report(rows, command)
+    print(text)
+    if not args.no_write:
+        replace_section(*zoo_int8.SECTION, text)
 
 
 if __name__ == "__main__":

@@ -44,6 +44,8 @@ from stages.runtime.compare import compare, onnxruntime_runner, paired_ratio, ra
 from stages.tune.loop import tunable  # noqa: E402
 from testing.quantize import quantize_dynamic, quantize_static  # noqa: E402
 
+SECTION = ("zoo_int8", "Quantized zoo: int8 builds vs onnxruntime int8 (`benchmarks/zoo_int8.py`)")
+
 
 def output_step(proto: onnx.ModelProto) -> float:
     """The scale of the DequantizeLinear that produces the model's output: one quantization step."""
@@ -166,7 +168,7 @@ def main() -> None:
                   .strip())
     print(text)
     if not args.no_write:
-        replace_section("zoo_int8", "Quantized zoo: int8 builds vs onnxruntime int8 (`benchmarks/zoo_int8.py`)", text)
+        replace_section(*SECTION, text)
 
 
 if __name__ == "__main__":
