@@ -206,28 +206,12 @@ def main() -> None:
         print(text)
         if not args.no_write:
             replace_section(*SECTIONS[kind], text)
-    if args.int8:
-        int8_rows(args, [n for n in names if n in (*MODELS, "bert_2l")], target, command.strip())
+    if args.int8:  # the quantized zoo's rows; it imports this module's tables
+        from benchmarks import zoo_int8
 
-
-def int8_rows(args: argparse.Namespace, names: list[str], target: Target, command: str) -> None:
-    """The quantized zoo's rows (benchmarks/zoo_int8.py), tuned with the same per-task budget, its float32
-    comparator the builds this run tuned."""
-    from benchmarks import zoo_int8  # it imports this module's tables
-
-    rows = []
-    for name in names:
-        for threads in (int(t) for t in args.threads.split(",")):
-            with tempfile.TemporaryDirectory(prefix="tf-bench-zoo-int8-") as tmp:
-                row = zoo_int8.bench_model(name, threads, args.trials_per_task, args.logs / "int8", args.logs, target,
-                                           Path(tmp), args.rounds)
-            print(row, flush=True)
-            rows.append(row)
-    text = zoo_int8.report(rows, command)
-    print(text)
-    if not args.no_write:
-        replace_section(*zoo_int8.SECTION, text)
-
+        zoo_int8.run([n for n in names if n in (*MODELS, "bert_2l")], [int(t) for t in args.threads.split(",")],
+                     args.trials_per_task, args.logs / "int8", args.logs, args.rounds, command.strip(),
+                     not args.no_write)
 
 if __name__ == "__main__":
     main()

@@ -155,19 +155,25 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=ROUNDS, help=f"timing rounds of {NUMBER} calls per contender")
     ap.add_argument("--no-write", action="store_true", help="print, do not update RESULTS.md")
     args = ap.parse_args()
+    run(args.models.split(","), [int(t) for t in args.threads.split(",")], args.trials_per_task, args.logs,
+        args.fp32_logs, args.rounds, ("flock /tmp/bench.lock .venv/bin/python benchmarks/zoo_int8.py "
+                                      + " ".join(sys.argv[1:])).strip(), not args.no_write)
+
+
+def run(names: list[str], threads: list[int], per_task: int, logs: Path, fp32_logs: Path, rounds: int, command: str,
+        write: bool) -> None:
+    """Every model at every thread count, then the section (written to RESULTS.md when `write`)."""
     target = Target.host()
     rows = []
-    for name in args.models.split(","):
-        for threads in (int(t) for t in args.threads.split(",")):
+    for name in names:
+        for n in threads:
             with tempfile.TemporaryDirectory(prefix="tf-bench-zoo-int8-") as tmp:
-                row = bench_model(name, threads, args.trials_per_task, args.logs, args.fp32_logs, target, Path(tmp),
-                                  args.rounds)
+                row = bench_model(name, n, per_task, logs, fp32_logs, target, Path(tmp), rounds)
             print(row, flush=True)
             rows.append(row)
-    text = report(rows, ("flock /tmp/bench.lock .venv/bin/python benchmarks/zoo_int8.py " + " ".join(sys.argv[1:]))
-                  .strip())
+    text = report(rows, command)
     print(text)
-    if not args.no_write:
+    if write:
         replace_section(*SECTION, text)
 
 
