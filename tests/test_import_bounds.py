@@ -192,3 +192,27 @@ def test_tasks_names_missing_external_data_in_one_line(tmp_path):
     assert result.returncode != 0 and "Traceback" not in result.stderr
     assert "cannot read the external data of tensor 'w' from 'w.bin'" in result.stderr
     assert "w.bin does not exist" in result.stderr
+
+
+@pytest.mark.parametrize("rank", [33, 64])
+def test_a_tensor_of_more_than_32_dims_is_a_model_error_naming_the_node(rank):
+    """A mutated file (fuzzing found one) expanded a tensor to 64 dims: numpy's broadcasting raised a RuntimeError
+    out of the import; it is a ModelError that names the node and the limit."""
+    nodes = [helper.make_node("Expand", ["x", "shape"], ["e"], name="grow"),
+             helper.make_node("Relu", ["e"], ["y"], name="relu")]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 2])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+                              [numpy_helper.from_array(np.ones(rank, np.int64), "shape")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    with pytest.raises(ModelError, match=r"Expand 'grow'.*at most 32"):
+        load_model(model)
+
+
+def test_an_attribute_string_that_is_not_utf8_is_a_model_error_naming_it():
+    node = helper.make_node("Relu", ["x"], ["y"], name="r")
+    node.attribute.append(helper.make_attribute("mode", b"\xff\xfe"))
+    node.attribute.append(helper.make_attribute("names", [b"a", b"\xc3"]))
+    graph = helper.make_graph([node], "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 2])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)])
+    with pytest.raises(ModelError, match=r"Relu 'r': attribute 'mode' cannot be read"):
+        load_model(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]))

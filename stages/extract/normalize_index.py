@@ -17,6 +17,7 @@ from onnx import helper
 
 from schemas.errors import ModelError
 from stages.extract.normalize import Ctx, Emit, _axis, _binary, _plain
+from stages.extract.shapes import MAX_RANK
 
 
 def _axis_of(ctx: Ctx, raw: dict, rank: int, default: int = 0) -> int:
@@ -62,6 +63,8 @@ def cast(ins, outs, raw, ctx) -> list[Emit]:
 def expand(ins, outs, raw, ctx) -> list[Emit]:
     src = ctx.shape(ins[0])
     target = tuple(int(d) for d in ctx.const(ins[1], "shape").reshape(-1))
+    if max(len(src), len(target)) > MAX_RANK:
+        raise ModelError(f"Expand {ctx.node!r}: a shape of {max(len(src), len(target))} dims; at most {MAX_RANK}")
     try:
         shape = tuple(np.broadcast_shapes(src, target))
     except ValueError:

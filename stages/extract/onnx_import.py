@@ -99,7 +99,7 @@ def load_model(model: str | Path | onnx.ModelProto, input_shapes: dict[str, tupl
         if clash:
             raise ModelError(f"{onode.op_type} {node_name!r} writes {clash}, which the model already defines")
         ctx.node, ctx.op = node_name, onode.op_type
-        raw = {a.name: _attr(a) for a in onode.attribute}
+        raw = {a.name: _attr(a, onode.op_type, node_name) for a in onode.attribute}
         try:
             _import_node(onode.op_type, node_name, ins, list(onode.output), raw, ctx, nodes, alias, budget)
         except ModelError:
@@ -160,11 +160,16 @@ def _own_bytes(proto: onnx.ModelProto, consts: dict[str, np.ndarray]) -> int:
     return sum(a.nbytes for a in consts.values()) + stored
 
 
-def _attr(a: onnx.AttributeProto):
-    v = helper.get_attribute_value(a)
-    if isinstance(v, bytes):
-        return v.decode()
-    return list(v) if isinstance(v, list | tuple) else v
+def _attr(a: onnx.AttributeProto, op: str, node: str):
+    """The attribute's value with its strings decoded, alone or in lists, so every string an op reads is a str;
+    one that is not UTF-8 is a ModelError naming the attribute."""
+    try:
+        v = helper.get_attribute_value(a)
+        if isinstance(v, bytes):
+            return v.decode()
+        return [e.decode() if isinstance(e, bytes) else e for e in v] if isinstance(v, list | tuple) else v
+    except (UnicodeDecodeError, ValueError) as exc:
+        raise ModelError(f"{op} {node!r}: attribute {a.name!r} cannot be read ({exc})") from None
 
 
 def _bind_inputs(vis: list[onnx.ValueInfoProto], bound: dict[str, tuple[int, ...]], budget: Budget) -> list[Value]:

@@ -11,6 +11,7 @@ from stages.extract.quant_infer import SHAPES as QUANT_SHAPES
 from stages.graph.reference import pool_out
 
 Shape = tuple[int, ...]
+MAX_RANK = 32  # numpy's broadcasting takes no more dims; no real model comes near
 
 
 def _same(s: list[Shape], a: dict) -> list[Shape]:
@@ -139,11 +140,15 @@ SHAPES: dict[str, Callable[[list[Shape], dict], list[Shape]]] = {
 
 def infer(op: str, node: str, shapes: list[Shape], attrs: dict) -> list[Shape]:
     """Output shapes of one normalised node; a mismatch is a ModelError naming the node."""
+    if any(len(s) > MAX_RANK for s in shapes):
+        raise ModelError(f"{op} {node!r}: an input has {max(len(s) for s in shapes)} dims; at most {MAX_RANK}")
     try:
         out = SHAPES[op](shapes, attrs)
     except (ValueError, IndexError, KeyError, ArithmeticError) as exc:
         raise ModelError(f"{op} {node!r}: {exc}") from None
     for shape in out:
+        if len(shape) > MAX_RANK:
+            raise ModelError(f"{op} {node!r}: its output would have {len(shape)} dims; at most {MAX_RANK}")
         if any(d <= 0 for d in shape):
             raise ModelError(f"{op} {node!r}: output shape {list(shape)} has an empty dimension")
     return out

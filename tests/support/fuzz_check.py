@@ -17,7 +17,10 @@ running the quantized model; such builds are counted in `ort_off`. Transformer c
 quantize transformers, by `quantize_dynamic` (int8 weights, MatMulInteger, activations quantized at run time by
 DynamicQuantizeLinear); their float outputs are judged by the float rule against onnxruntime's int8 run (both
 compute the same integers, so the two agree to float rounding: 3e-7 of the output's scale, measured, while the
-int8 model is 1e-2 off the float one).
+int8 model is 1e-2 off the float one). A float difference of an ulp before a run-time quantization can still
+flip one step of it, which later layers carry to the output (2e-3 to 6e-3, measured): onnxruntime's own fused
+and unfused runs differ so on some cases, so a build that agrees with its basic level (no fusions) also passes,
+counted in `ort_off`.
 """
 
 from __future__ import annotations
@@ -72,11 +75,13 @@ class Outcome:
     ort_off: int = 0  # int8: builds off onnxruntime but on the ONNX reference (onnxruntime's rounding)
 
 
-def reference(case: Case) -> dict[str, np.ndarray]:
-    """onnxruntime's outputs on one intra-op thread."""
+def reference(case: Case, level: ort.GraphOptimizationLevel = ort.GraphOptimizationLevel.ORT_ENABLE_ALL) \
+        -> dict[str, np.ndarray]:
+    """onnxruntime's outputs on one intra-op thread (its graph optimisations at `level`)."""
     opts = ort.SessionOptions()
     opts.intra_op_num_threads = opts.inter_op_num_threads = 1
     opts.log_severity_level = 3
+    opts.graph_optimization_level = level
     sess = ort.InferenceSession(case.model.SerializeToString(), opts, providers=["CPUExecutionProvider"])
     return dict(zip([o.name for o in sess.get_outputs()], sess.run(None, case.feeds), strict=True))
 
@@ -211,6 +216,13 @@ def check(case: Case, workdir: Path, int8: bool = False, family: str = "cnn") ->
                 facts["winograd"] = sum(op.task.startswith("conv2d_winograd") for op in anchors)
             got = load(out).run(**case.feeds)
             off = disagreement(got, want, steps)
+            if off is not None and int8 and family == "transformer":
+                stage = f"{schedule} (onnxruntime unfused)"  # its fusions (SkipLayerNormalization...) round
+                unfused = reference(case, ort.GraphOptimizationLevel.ORT_ENABLE_BASIC)  # otherwise: a step flips
+                if disagreement(got, unfused, steps) is None:
+                    facts["ort_off"] += 1
+                    continue
+                off += f"; vs onnxruntime's basic level: {disagreement(got, unfused, steps)}"
             if off is not None and int8:
                 stage = f"{schedule} (onnx.reference)"
                 spec = spec if spec is not None else spec_outputs(case.model, case.feeds)
