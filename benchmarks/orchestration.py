@@ -1,8 +1,9 @@
 """Prefect's overhead: a 200-trial session through the `tune-op` flow vs the same stages called directly.
 
 Same task, seed and tuner in both (so the same configs are measured); the two modes are
-interleaved and repeated, and the flow is timed after a warm-up flow has started Prefect's
-temporary server (its 10-20 s start-up is reported separately). Writes its section of
+interleaved and repeated, and the flow is timed after a warm-up flow, on the temporary server the
+CLI runs its flows against (`flows.server.local_server`, with its settings; its 10-20 s start-up is
+reported separately). Writes its section of
 benchmarks/RESULTS.md.
 
     flock /tmp/bench.lock .venv/bin/python benchmarks/orchestration.py [--trials 200] [--rounds 2]
@@ -35,6 +36,7 @@ def main() -> None:
     os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
     os.environ.setdefault("PREFECT_LOGGING_LEVEL", "WARNING")
 
+    from flows.server import local_server
     from flows.tune_op import tune_op
     from schemas import Target, TuningOptions, matmul_task
     from stages.pipeline.op import tune_op as direct_tune_op
@@ -42,9 +44,15 @@ def main() -> None:
     task = matmul_task(args.m, args.m, args.m)
     target = Target.host()
     options = TuningOptions(n_trials=args.trials, batch_size=16, tuner="random", seed=7)
-    tmp = Path(tempfile.mkdtemp(prefix="tunaflow-orch-"))
 
     start = time.perf_counter()
+    with local_server():
+        measure(args, task, target, options, tune_op, direct_tune_op, start)
+
+
+def measure(args: argparse.Namespace, task, target, options, tune_op, direct_tune_op, start: float) -> None:
+    """The interleaved rounds and the RESULTS section, on a running server (started at `start`)."""
+    tmp = Path(tempfile.mkdtemp(prefix="tunaflow-orch-"))
     tune_op(task, target, options.model_copy(update={"n_trials": 2}), str(tmp / "warmup"), progress=False)
     startup = time.perf_counter() - start
 

@@ -102,3 +102,14 @@ def test_tune_model_flow_names_rounds_after_tasks_and_publishes_reports(prefect_
         assert f"{step} {first}" in runs, (step, runs)
     assert "build-mlp" in arts and "End-to-end latency" in arts["build-mlp"] and "| dense |" in arts["build-mlp"]
     assert "results-mlp-host" in arts and first in arts["results-mlp-host"]
+
+
+def test_the_temporary_server_batches_task_run_writes_unless_the_user_says_otherwise(monkeypatch):
+    from flows.server import SERVER_DEFAULTS, server_env
+
+    key = "PREFECT_SERVER_SERVICES_TASK_RUN_RECORDER_BATCH_SIZE"
+    monkeypatch.delenv(key, raising=False)
+    assert server_env()[key] == SERVER_DEFAULTS[key] == "100"
+    monkeypatch.setenv(key, "7")
+    assert server_env()[key] == "7"
+    assert server_env()["PREFECT__SERVER_EPHEMERAL"] == "1"
