@@ -120,17 +120,23 @@ def _dequantize(ins, outs, raw, ctx) -> list[Emit]:
     return [emit]
 
 
+def _keep_dq(ins: list[str], pos: int, ctx: Ctx, out: list[Emit]) -> None:
+    """Input `pos` (a folded quantized constant) read instead through a kept DequantizeLinear of its integers,
+    appended to `out`."""
+    src = ctx.quantized[ins[pos]]
+    fresh = ctx.fresh(ins[pos])
+    out.append((src[0], src[1], [fresh], {**src[3], "weight": 1}))
+    ins[pos] = fresh
+
+
 def _weight_dq(emits: list[Emit], ctx: Ctx) -> list[Emit]:
     """Anchors read a folded weight or bias as a kept DequantizeLinear node of its integers."""
     out: list[Emit] = []
     for op, ins, outs, attrs in emits:
         ins = list(ins)
         for pos in ANCHOR_OPERANDS.get(op, ()):
-            src = ctx.quantized.get(ins[pos]) if pos < len(ins) and ins[pos] else None
-            if src is not None:
-                fresh = ctx.fresh(ins[pos])
-                out.append((src[0], src[1], [fresh], {**src[3], "weight": 1}))
-                ins[pos] = fresh
+            if pos < len(ins) and ins[pos] and ins[pos] in ctx.quantized:
+                _keep_dq(ins, pos, ctx, out)
         out.append((op, ins, outs, attrs))
     return out
 
@@ -153,10 +159,7 @@ def _operand_dq(op: str) -> Callable[..., list[Emit]]:
             e_ins = list(e_ins)
             folded = [i for i, name in enumerate(e_ins[:2]) if name in ctx.quantized]
             if e_op == op and len(e_ins) == 2 and len(folded) == 1 and e_ins[1 - folded[0]] not in ctx.consts:
-                src = ctx.quantized[e_ins[folded[0]]]
-                fresh = ctx.fresh(e_ins[folded[0]])
-                out.append((src[0], src[1], [fresh], {**src[3], "weight": 1}))
-                e_ins[folded[0]] = fresh
+                _keep_dq(e_ins, folded[0], ctx, out)
             out.append((e_op, e_ins, e_outs, attrs))
         return out
     return fn
