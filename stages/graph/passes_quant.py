@@ -69,6 +69,11 @@ def u8_pairs(g: Graph) -> set[str]:
     return found
 
 
+def _runs_as_uint8(g: Graph, name: str, shifted: set[str]) -> bool:
+    """Whether onnxruntime runs the quantized tensor `name` as uint8: it is one, or an int8 one it shifts."""
+    return g.values[name].dtype == "uint8" or name in shifted
+
+
 def shifts(names: dict[str, str], shifted: set[str]) -> dict[str, int]:
     """`{attr: 128 or 0}` for the tensors `names` ({attr: tensor}) by whether onnxruntime runs them as uint8."""
     return {k: 128 if v in shifted else 0 for k, v in names.items()}
@@ -312,12 +317,16 @@ def _add_scalar(g: Graph, node: Node, q: Node, dqs: list[Node | None], shifted: 
 
 def _average_pool(g: Graph, node: Node, shifted: set[str]) -> None:
     """DQ -> AveragePool -> Q: `qavgpool`, the window sum of dequantized values in float32 (rows, then columns),
-    divided by its count, then y = saturate(round(avg / sy + zy)), onnxruntime's QLinearAveragePool rounding."""
+    divided by its count, then y = saturate(round(avg / sy + zy)), onnxruntime's QLinearAveragePool rounding.
+    onnxruntime fuses only where input and output have one type as it runs them: after its QDQS8ToU8 rewrite
+    shifted one int8 side to uint8 but not the other, it keeps the float AveragePool (measured: int8 fuses when
+    neither or both sides are shifted), and so does tunaflow, which then rounds as float does near .5."""
     prod, users = g.producer(), g.consumers()
     dq = _run_time_dq(g, node.inputs[0], prod)
     q = g.sole_consumer(node.outputs[0], users)
     if dq is None or q is None or q.op != "QuantizeLinear" or q.attrs.get("axis") is not None \
-            or list(node.attrs.get("dilations", (1, 1))) != [1, 1]:
+            or list(node.attrs.get("dilations", (1, 1))) != [1, 1] \
+            or _runs_as_uint8(g, dq.inputs[0], shifted) != _runs_as_uint8(g, q.outputs[0], shifted):
         return
     (sx, zx, _), (sy, zy, _) = _qparams(g, dq), _qparams(g, q)
     attrs = {**node.attrs, "x_scale": float(sx[0]), "x_zero_point": int(zx[0]), "y_scale": float(sy[0]),

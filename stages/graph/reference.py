@@ -139,7 +139,7 @@ def _pool(x: np.ndarray, a: dict, kind: str) -> np.ndarray:
     er = max(0, (ow - 1) * sw + dw * (kw - 1) + 1 - (w + pl + pr))
     width = ((0, 0),) * (x.ndim - 2)
     fill = -np.inf if kind == "max" else 0.0
-    xp = np.pad(x, width + ((pt, pb + eb), (pl, pr + er)), constant_values=fill)
+    xp = np.pad(x.astype(np.float64), width + ((pt, pb + eb), (pl, pr + er)), constant_values=fill)  # int8 too
     acc = np.full(x.shape[:-2] + (oh, ow), fill, dtype=np.float64)
     ones = np.ones((h, w))
     inner = 1.0 if a.get("count_include_pad", 0) else 0.0
