@@ -573,3 +573,37 @@ def test_the_interpreter_runs_an_int8_max_pool_with_padding():
     graph = optimize(load_model(model))
     assert [n.op for n in graph.nodes] == ["MaxPool"]
     assert np.array_equal(run(graph, {"x": x})["y"], ReferenceEvaluator(model).run(None, {"x": x})[0])
+
+
+@pytest.mark.parametrize("op", ["Add", "Mul"])
+@pytest.mark.parametrize("readers", [(1, 1, 1), (1, 1, 2), (1, 2, 1), (2, 1, 1), (2, 2, 1), (2, 2, 2)])
+def test_an_int8_add_or_mul_fuses_only_where_onnxruntime_fuses_it(tmp_path, op, readers):
+    """DQ(a) op DQ(b) -> Q with each of a, b, y read once or twice. onnxruntime shifts the int8 pairs read once to
+    uint8 and fuses QLinearAdd / QLinearMul only where all three end up of one type (measured for all eight
+    layouts); elsewhere it adds or multiplies in float, and so must tunaflow, or near .5 a step flips."""
+    inits = {"sa": np.float32(0.05), "za": np.array(3, np.int8), "sb": np.float32(0.07), "zb": np.array(-5, np.int8),
+             "sy": np.float32(0.09 if op == "Add" else 0.2), "zy": np.array(7, np.int8)}
+    nodes = [helper.make_node("QuantizeLinear", ["a", "sa", "za"], ["aq"]),
+             helper.make_node("DequantizeLinear", ["aq", "sa", "za"], ["af"]),
+             helper.make_node("QuantizeLinear", ["b", "sb", "zb"], ["bq"]),
+             helper.make_node("DequantizeLinear", ["bq", "sb", "zb"], ["bf"]),
+             helper.make_node(op, ["af", "bf"], ["p"]),
+             helper.make_node("QuantizeLinear", ["p", "sy", "zy"], ["pq"]),
+             helper.make_node("DequantizeLinear", ["pq", "sy", "zy"], ["pf"]),
+             helper.make_node("Relu", ["pf"], ["y0"])]
+    outputs = [("y0", "float32")]
+    for n, src in zip(readers, ("af", "bf", "pf"), strict=True):
+        if n == 2:
+            nodes.append(helper.make_node("Tanh", [src], [f"t_{src}"]))
+            outputs.append((f"t_{src}", "float32"))
+    shape = (1, 4, 12, 12)
+    model = _model(nodes, [("a", "float32", shape), ("b", "float32", shape)], outputs, inits)
+    rng = np.random.default_rng(4)
+    feeds = {"a": rng.uniform(-6, 6, shape).astype(np.float32), "b": rng.uniform(-9, 9, shape).astype(np.float32)}
+    graph = optimize(load_model(model))
+    assert (f"q{op.lower()}" in [n.op for n in graph.nodes]) == (len(set(readers)) == 1)
+    want = onnxruntime_run(model, feeds)
+    build_library(graph, Target.host(), tmp_path / "lib", 1)
+    got = load(tmp_path / "lib").run(**feeds)
+    for name, ref in want.items():
+        assert np.abs(got[name] - ref).max() <= 1e-6, name

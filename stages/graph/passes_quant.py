@@ -69,9 +69,13 @@ def u8_pairs(g: Graph) -> set[str]:
     return found
 
 
-def _runs_as_uint8(g: Graph, name: str, shifted: set[str]) -> bool:
-    """Whether onnxruntime runs the quantized tensor `name` as uint8: it is one, or an int8 one it shifts."""
-    return g.values[name].dtype == "uint8" or name in shifted
+def one_type(g: Graph, names: list[str], shifted: set[str]) -> bool:
+    """Whether onnxruntime runs the quantized tensors `names` (run-time or constant) as one type: each is uint8 or
+    an int8 one it shifts (`shifted`), or none is. Its QDQ selectors fuse DQ -> op -> Q into a QLinear op only
+    then (measured for Add, Mul and AveragePool over every layout of once- and twice-read tensors); otherwise the
+    op runs in float and rounds otherwise near .5, so tunaflow keeps it float too."""
+    dtype = {n: (g.constants[n].dtype.name if n in g.constants else g.values[n].dtype) for n in names}
+    return len({dtype[n] == "uint8" or n in shifted for n in names}) == 1
 
 
 def shifts(names: dict[str, str], shifted: set[str]) -> dict[str, int]:
@@ -261,7 +265,8 @@ def _add(g: Graph, node: Node, shifted: set[str]) -> None:
     QLinearAdd rounds on x86 (its AVX2 kernel; the compiler contracts the offset's multiply-add into an fma),
     matched on every pair of uint8 values for 300 random scale sets (tests/test_quant_islands.py runs 60; a
     plain multiply-add offset misses one set in twenty by a step somewhere; the float DQ, Add, Q of ONNX's
-    definition misses now and then). Int8 tensors onnxruntime runs as uint8 (`u8_pairs`) are shifted likewise."""
+    definition misses now and then). Int8 tensors onnxruntime runs as uint8 (`u8_pairs`) are shifted likewise; only
+    where onnxruntime fuses (`one_type`)."""
     prod, users = g.producer(), g.consumers()
     dqs = [_run_time_dq(g, i, prod) for i in node.inputs]
     q = g.sole_consumer(node.outputs[0], users)
@@ -272,7 +277,8 @@ def _add(g: Graph, node: Node, shifted: set[str]) -> None:
         return
     a, b = (d.inputs[0] for d in dqs)
     y_dtype = g.constants[q.inputs[2]].dtype.name
-    if g.values[a].shape != g.values[b].shape or {g.values[a].dtype, g.values[b].dtype} != {y_dtype}:
+    if g.values[a].shape != g.values[b].shape or {g.values[a].dtype, g.values[b].dtype} != {y_dtype} \
+            or not one_type(g, [a, b, q.outputs[0]], shifted):
         return
     (sa, za, _), (sb, zb, _), (sy, zy, _) = (_qparams(g, n) for n in (*dqs, q))
     f = np.float32
@@ -288,9 +294,8 @@ def _add_scalar(g: Graph, node: Node, q: Node, dqs: list[Node | None], shifted: 
     """DQ(x) + DQ(constant scalar) -> Q (hardswish's + 3, gelu's 1 + tanh): a one-input `qadd` whose offset holds
     the constant, y = saturate(round(fma(x, rx, fma(c, rc, zy - fma(rx, zx, rc * zc))))): QLinearAdd's scalar path
     (the constant's term folded into its fixed part by a multiply-add), matched on all 256 inputs for 400 scale
-    sets, 300 of them a hair from a tie (ONNX's float definition misses 98). Not where onnxruntime shifts the
-    int8 operand or output into uint8 (`shifted`): the int8 constant is not shifted with them, so onnxruntime
-    does not fuse and computes the Add in float."""
+    sets, 300 of them a hair from a tie (ONNX's float definition misses 98). Only where onnxruntime fuses
+    (`one_type`): where it shifts the int8 operand or output into uint8, the int8 constant stays int8."""
     prod = g.producer()
     consts = [_const_dq(g, i, prod) if d is None else None for i, d in zip(node.inputs, dqs, strict=True)]
     run = [d for d in dqs if d is not None]
@@ -301,7 +306,7 @@ def _add_scalar(g: Graph, node: Node, q: Node, dqs: list[Node | None], shifted: 
     y_dtype = g.constants[q.inputs[2]].dtype.name
     if raw.size != 1 or g.values[x].dtype != y_dtype or raw.dtype.name != y_dtype \
             or g.values[x].shape != g.values[node.outputs[0]].shape \
-            or any(shifts({"x": x, "y": q.outputs[0]}, shifted).values()):
+            or not one_type(g, [x, const.inputs[0], q.outputs[0]], shifted):
         return
     (sx, zx, _), (sc, zc, _), (sy, zy, _) = (_qparams(g, n) for n in (run[0], const, q))
     if sc.size != 1 or zc.size != 1:
@@ -318,15 +323,13 @@ def _add_scalar(g: Graph, node: Node, q: Node, dqs: list[Node | None], shifted: 
 def _average_pool(g: Graph, node: Node, shifted: set[str]) -> None:
     """DQ -> AveragePool -> Q: `qavgpool`, the window sum of dequantized values in float32 (rows, then columns),
     divided by its count, then y = saturate(round(avg / sy + zy)), onnxruntime's QLinearAveragePool rounding.
-    onnxruntime fuses only where input and output have one type as it runs them: after its QDQS8ToU8 rewrite
-    shifted one int8 side to uint8 but not the other, it keeps the float AveragePool (measured: int8 fuses when
-    neither or both sides are shifted), and so does tunaflow, which then rounds as float does near .5."""
+    Only where onnxruntime fuses it (`one_type`)."""
     prod, users = g.producer(), g.consumers()
     dq = _run_time_dq(g, node.inputs[0], prod)
     q = g.sole_consumer(node.outputs[0], users)
     if dq is None or q is None or q.op != "QuantizeLinear" or q.attrs.get("axis") is not None \
             or list(node.attrs.get("dilations", (1, 1))) != [1, 1] \
-            or _runs_as_uint8(g, dq.inputs[0], shifted) != _runs_as_uint8(g, q.outputs[0], shifted):
+            or not one_type(g, [dq.inputs[0], q.outputs[0]], shifted):
         return
     (sx, zx, _), (sy, zy, _) = _qparams(g, dq), _qparams(g, q)
     attrs = {**node.attrs, "x_scale": float(sx[0]), "x_zero_point": int(zx[0]), "y_scale": float(sy[0]),

@@ -17,7 +17,7 @@ from __future__ import annotations
 import numpy as np
 
 from stages.graph.ir import Graph, Node, Value
-from stages.graph.passes_quant import _const, _const_dq, _qparams, _run_time_dq, shifts
+from stages.graph.passes_quant import _const, _const_dq, _qparams, _run_time_dq, one_type, shifts
 from stages.graph.reference_quant import LUT_FUNCTIONS, lookup_table
 
 # Ops the layout search walks through to the ops that decide onnxruntime's layout of a ReduceMean.
@@ -92,8 +92,8 @@ def _lookup(g: Graph, node: Node) -> None:
 def _mul(g: Graph, node: Node, shifted: set[str]) -> None:
     """Also with one operand a quantized constant (hardswish's / 6, a gelu's 0.5 and 0.044715): QLinearMul's
     scalar path computes as its vector one (matched on all 256 inputs for 400 scale sets, 300 a hair from a tie;
-    ONNX's float definition misses 42). Not where onnxruntime shifts an int8 operand or the output into uint8
-    (`shifted`): the int8 constant is not shifted with them, so it does not fuse and computes in float."""
+    ONNX's float definition misses 42). Only where onnxruntime fuses (`one_type`: with a constant, not where it
+    shifts the int8 operand or output into uint8, since the constant stays int8)."""
     found = _island(g, node, 2, constant=True)
     if found is None:
         return
@@ -101,9 +101,8 @@ def _mul(g: Graph, node: Node, shifted: set[str]) -> None:
     a, b = (d.inputs[0] for d in (da, db))
     pa, pb = _params(g, da, q), _params(g, db, q)
     sh = shifts({"y_shift": q.outputs[0]}, shifted)
-    if {_dtype(g, a), _dtype(g, b)} != {pa["y_dtype"]} \
-            or (any(n in g.constants for n in (a, b)) and (sh["y_shift"] or any(n in shifted for n in (a, b)))):
-        return  # onnxruntime shifts int8 pairs into uint8 but not the constant, and then keeps the Mul in float
+    if {_dtype(g, a), _dtype(g, b)} != {pa["y_dtype"]} or not one_type(g, [a, b, q.outputs[0]], shifted):
+        return
     f = np.float32
     ratio = f(pa["x_scale"]) * f(pb["x_scale"]) / f(pa["y_scale"])
     attrs = {"a_zero_point": pa["x_zero_point"], "b_zero_point": pb["x_zero_point"], "ratio": float(ratio),
