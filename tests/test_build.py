@@ -168,6 +168,26 @@ def test_softmax_rows_in_vectors_match_the_reference_with_a_tail_and_large_or_ne
         np.testing.assert_allclose(got[name], want[name], rtol=1e-5, atol=1e-6, err_msg=name)
 
 
+@pytest.mark.parametrize("n", [5, 16, 37, 768])
+def test_layer_norm_rows_in_vectors_match_the_reference_with_a_tail_and_an_offset_row(tmp_path, host, n):
+    """LayerNormalization over rows of `n` in 16-lane vectors with a masked tail (the tail must not count in the
+    mean or the variance), a normalised axis of two dims, rows far from zero
+    (the variance is taken about the mean), and InstanceNormalization's one scale per row."""
+    x = _const((3, 4, n), -2, 2)
+    x[1, 2] += 300.0
+    g = _G(x=x)
+    outs = [g.add("LayerNormalization", ["x", g.const("sc", _const((n,))), g.const("bi", _const((n,)))], axis=2,
+                  epsilon=1e-5),
+            g.add("LayerNormalization", ["x", g.const("sc2", _const((4, n)))], axis=1, epsilon=1e-3),
+            g.add("InstanceNormalization", ["x", g.const("s", _const((4,))), g.const("t", _const((4,)))],
+                  epsilon=1e-5)]
+    graph = g.graph(outs)
+    build_library(graph, host, tmp_path / "lib")
+    got, want = load(tmp_path / "lib").run(x=x), reference.run(graph, {"x": x})
+    for name in want:
+        np.testing.assert_allclose(got[name], want[name], rtol=1e-4, atol=1e-4, err_msg=name)  # float32 of 300
+
+
 @pytest.mark.parametrize("shape", [(2, 3, 5, 5), (1, 64, 8, 8), (2, 3, 37)])
 def test_trailing_axis_sums_match_the_reference_with_vector_tails(tmp_path, host, shape):
     """GlobalAveragePool and ReduceMean/ReduceSum over the trailing axes: rows of 25, 64 and 37 floats
