@@ -69,13 +69,17 @@ def u8_pairs(g: Graph) -> set[str]:
     return found
 
 
+def dtype_of(g: Graph, name: str) -> str:
+    """The element type of a tensor, constant or computed at run time."""
+    return g.constants[name].dtype.name if name in g.constants else g.values[name].dtype
+
+
 def one_type(g: Graph, names: list[str], shifted: set[str]) -> bool:
     """Whether onnxruntime runs the quantized tensors `names` (run-time or constant) as one type: each is uint8 or
     an int8 one it shifts (`shifted`), or none is. Its QDQ selectors fuse DQ -> op -> Q into a QLinear op only
     then (measured for Add, Mul and AveragePool over every layout of once- and twice-read tensors); otherwise the
     op runs in float and rounds otherwise near .5, so tunaflow keeps it float too."""
-    dtype = {n: (g.constants[n].dtype.name if n in g.constants else g.values[n].dtype) for n in names}
-    return len({dtype[n] == "uint8" or n in shifted for n in names}) == 1
+    return len({dtype_of(g, n) == "uint8" or n in shifted for n in names}) == 1
 
 
 def shifts(names: dict[str, str], shifted: set[str]) -> dict[str, int]:

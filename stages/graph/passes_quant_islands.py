@@ -17,7 +17,7 @@ from __future__ import annotations
 import numpy as np
 
 from stages.graph.ir import Graph, Node, Value
-from stages.graph.passes_quant import _const, _const_dq, _qparams, _run_time_dq, one_type, shifts
+from stages.graph.passes_quant import _const, _const_dq, _qparams, _run_time_dq, dtype_of, one_type, shifts
 from stages.graph.reference_quant import LUT_FUNCTIONS, lookup_table
 
 # Ops the layout search walks through to the ops that decide onnxruntime's layout of a ReduceMean.
@@ -60,10 +60,6 @@ def _const_int8_dq(g: Graph, name: str, prod: dict[str, Node]) -> Node | None:
     return dq
 
 
-def _dtype(g: Graph, name: str) -> str:
-    return g.constants[name].dtype.name if name in g.constants else g.values[name].dtype
-
-
 def _params(g: Graph, dq: Node, q: Node) -> dict:
     (sx, zx, _), (sy, zy, _) = _qparams(g, dq), _qparams(g, q)
     return {"x_scale": float(sx[0]), "x_zero_point": int(zx[0]), "y_scale": float(sy[0]),
@@ -101,7 +97,7 @@ def _mul(g: Graph, node: Node, shifted: set[str]) -> None:
     a, b = (d.inputs[0] for d in (da, db))
     pa, pb = _params(g, da, q), _params(g, db, q)
     sh = shifts({"y_shift": q.outputs[0]}, shifted)
-    if {_dtype(g, a), _dtype(g, b)} != {pa["y_dtype"]} or not one_type(g, [a, b, q.outputs[0]], shifted):
+    if {dtype_of(g, a), dtype_of(g, b)} != {pa["y_dtype"]} or not one_type(g, [a, b, q.outputs[0]], shifted):
         return
     f = np.float32
     ratio = f(pa["x_scale"]) * f(pb["x_scale"]) / f(pa["y_scale"])
