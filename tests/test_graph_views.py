@@ -1,5 +1,6 @@
 """A Transpose that only moves unit dims (ViT's [1, S, C] -> [S, 1, C]) runs as an alias of its input, not a
-copy kernel; one that reorders real dims is still a copy; both match numpy through a built library."""
+copy kernel; one that reorders real dims is still a copy; a copy of a copy (through Reshapes) is one
+StridedCopy; all match numpy through a built library, and random chains match numpy in the interpreter."""
 
 from __future__ import annotations
 
@@ -7,11 +8,14 @@ from pathlib import Path
 
 import numpy as np
 import onnx
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from onnx import TensorProto, helper
 
 from schemas import Target
 from stages.build.library import build_library
 from stages.extract import load_model
+from stages.graph import reference
 from stages.graph.passes import optimize
 from stages.runtime import load
 
@@ -93,13 +97,157 @@ def _run_split(tmp_path: Path, shape, perm, squeeze, ends) -> list[str]:
     return [i.op for i in lib.manifest.ops if i.kind != "alias"]
 
 
-def test_slices_of_a_transpose_slice_its_input_first(tmp_path):
+def test_vit_s_qkv_split_is_one_strided_copy_per_slice(tmp_path):
     """ViT's Q/K/V split: [1, S, 1, 3, C] transposed to [3, S, 1, 1, C], squeezed, sliced in three: three
-    strided slices, no Transpose kernel."""
+    strided copies of the input, no Transpose kernel, no Slice."""
     ops = _run_split(tmp_path, (1, 7, 1, 3, 16), [3, 1, 2, 0, 4], [3, 7, 1, 16], [1, 2, 3])
-    assert "Transpose" not in ops and ops.count("Slice") == 3
+    assert ops == ["Relu"] + ["StridedCopy", "Relu"] * 3
 
 
-def test_slices_that_would_leave_a_real_transpose_keep_it(tmp_path):
+def test_slices_of_a_real_transpose_read_its_input_and_the_transpose_goes(tmp_path):
     ops = _run_split(tmp_path, (3, 4, 8), [1, 0, 2], None, [2, 4])
-    assert ops.count("Transpose") == 1
+    assert "Transpose" not in ops and ops.count("StridedCopy") == 2
+
+
+def _chain_model(tmp_path: Path, shape: tuple[int, ...], steps: list[tuple]) -> Path:
+    """Relu(x), then a chain of ("T", perm), ("R", shape), ("S", starts, ends, axes, steps) and ("P", axis,
+    sizes, which) nodes (a Split of which only output `which` is read), then Relu: the chain sits between two
+    kernels."""
+    nodes, inits, src = [helper.make_node("Relu", ["x"], ["c0"])], [], "c0"
+    for k, step in enumerate(steps, 1):
+        out = f"c{k}"
+        if step[0] == "T":
+            nodes.append(helper.make_node("Transpose", [src], [out], perm=list(step[1])))
+        elif step[0] == "R":
+            inits.append(onnx.numpy_helper.from_array(np.array(step[1], np.int64), f"shape{k}"))
+            nodes.append(helper.make_node("Reshape", [src, f"shape{k}"], [out]))
+        elif step[0] == "P":
+            inits.append(onnx.numpy_helper.from_array(np.array(step[2], np.int64), f"sizes{k}"))
+            parts = [out if j == step[3] else f"unread{k}_{j}" for j in range(len(step[2]))]
+            nodes.append(helper.make_node("Split", [src, f"sizes{k}"], parts, axis=step[1]))
+        else:
+            names = [f"{n}{k}" for n in ("starts", "ends", "axes", "steps")]
+            inits += [onnx.numpy_helper.from_array(np.array(v, np.int64), n)
+                      for v, n in zip(step[1:], names, strict=True)]
+            nodes.append(helper.make_node("Slice", [src, *names], [out]))
+        src = out
+    nodes.append(helper.make_node("Relu", [src], ["y"]))
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, list(shape))],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], inits)
+    m = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    m.ir_version = 8
+    path = tmp_path / "chain.onnx"
+    onnx.save(m, str(path))
+    return path
+
+
+def _numpy_chain(x: np.ndarray, steps: list[tuple]) -> np.ndarray:
+    y = np.maximum(x, 0)
+    for step in steps:
+        if step[0] == "T":
+            y = y.transpose(step[1])
+        elif step[0] == "R":
+            y = y.reshape(step[1])
+        elif step[0] == "P":
+            y = np.split(y, np.cumsum(step[2])[:-1], axis=step[1])[step[3]]
+        else:
+            index = [slice(None)] * y.ndim
+            for a, b, e, s in zip(step[3], step[1], step[2], step[4], strict=True):
+                index[a] = slice(b, e, s)
+            y = y[tuple(index)]
+    return np.maximum(y, 0)
+
+
+def _copies(ops: list[str]) -> int:
+    return sum(op in ("Transpose", "Slice", "StridedCopy") for op in ops)
+
+
+def test_bert_s_key_transposes_are_one_copy_and_a_transpose_undone_is_an_alias(tmp_path):
+    cases = [((1, 6, 4, 8), [("T", (0, 2, 1, 3)), ("R", (4, 6, 8)), ("T", (0, 2, 1))], 1),  # K^T
+             ((5, 3, 8), [("T", (2, 0, 1)), ("T", (1, 2, 0))], 0),  # a Transpose and its inverse
+             ((6, 10), [("S", [1], [9], [1], [2]), ("T", (1, 0)), ("S", [2], [6], [1], [1])], 1)]
+    for k, (shape, steps, copies) in enumerate(cases):
+        g = optimize(load_model(_chain_model(tmp_path, shape, steps)))
+        build_library(g, Target.host(), tmp_path / f"lib{k}")
+        lib = load(tmp_path / f"lib{k}")
+        x = np.random.default_rng(k).standard_normal(shape).astype(np.float32)
+        np.testing.assert_array_equal(lib.run(x=x)["y"], _numpy_chain(x, steps))
+        assert _copies([i.op for i in lib.manifest.ops if i.kind != "alias"]) == copies, (k, lib.manifest.ops)
+
+
+@st.composite
+def _chains(draw) -> tuple[tuple[int, ...], list[tuple]]:
+    shape = tuple(draw(st.lists(st.integers(2, 5), min_size=2, max_size=4)))
+    cur, steps = shape, []
+    for _ in range(draw(st.integers(3, 6))):
+        kind = draw(st.sampled_from("TRSP"))
+        if kind == "T":
+            perm = tuple(draw(st.permutations(range(len(cur)))))
+            steps.append(("T", perm))
+            cur = tuple(cur[p] for p in perm)
+        elif kind == "R":
+            flat = [d for n in cur for d in ([2, n // 2] if n % 2 == 0 and n > 2 and draw(st.booleans()) else [n])]
+            if len(flat) > 1 and draw(st.booleans()):
+                j = draw(st.integers(0, len(flat) - 2))
+                flat[j:j + 2] = [flat[j] * flat[j + 1]]
+            steps.append(("R", tuple(flat)))
+            cur = tuple(flat)
+        elif kind == "P":
+            a = draw(st.integers(0, len(cur) - 1))
+            if cur[a] < 2:
+                continue
+            cut, which = draw(st.integers(1, cur[a] - 1)), draw(st.integers(0, 1))
+            steps.append(("P", a, [cut, cur[a] - cut], which))
+            cur = tuple((cut if which == 0 else n - cut) if d == a else n for d, n in enumerate(cur))
+        else:
+            a = draw(st.integers(0, len(cur) - 1))
+            b = draw(st.integers(0, cur[a] - 1))
+            s = draw(st.integers(1, 2))
+            e = draw(st.integers(b + 1, cur[a]))
+            steps.append(("S", [b], [e], [a], [s]))
+            cur = tuple(len(range(b, e, s)) if d == a else n for d, n in enumerate(cur))
+    return shape, steps
+
+
+@settings(max_examples=100, deadline=None)
+@given(_chains())
+def test_random_chains_of_slices_transposes_and_reshapes_compose_right(tmp_path_factory, chain):
+    shape, steps = chain
+    tmp = tmp_path_factory.mktemp("chain")
+    g = optimize(load_model(_chain_model(tmp, shape, steps)))
+    x = np.random.default_rng(0).standard_normal(shape).astype(np.float32)
+    np.testing.assert_array_equal(reference.run(g, {"x": x})["y"], _numpy_chain(x, steps))
+    assert _copies([n.op for n in g.nodes]) <= max(1, sum(s[0] != "R" for s in steps))
+
+
+def test_gpt2_s_split_read_by_head_transposes_goes(tmp_path):
+    """GPT-2's Q/K/V: a Split of the [1, S, 3C] projection, each third viewed as heads and transposed (K
+    twice): every Transpose reads the projection itself, and the Split's copy goes."""
+    s, heads, d = 5, 2, 4
+    nodes = [helper.make_node("Relu", ["x"], ["a"]),
+             helper.make_node("Split", ["a", "sizes"], ["q", "k", "v"], axis=2)]
+    inits = [onnx.numpy_helper.from_array(np.array([heads * d] * 3, np.int64), "sizes"),
+             onnx.numpy_helper.from_array(np.array([1, s, heads, d], np.int64), "heads")]
+    for t in "qkv":
+        nodes += [helper.make_node("Reshape", [t, "heads"], [f"{t}h"]),
+                  helper.make_node("Transpose", [f"{t}h"], [f"{t}t"], perm=[0, 2, 1, 3])]
+    nodes += [helper.make_node("Transpose", ["kt"], ["kT"], perm=[0, 1, 3, 2])]
+    outs = ["qt", "kT", "vt"]
+    nodes += [helper.make_node("Relu", [t], [f"y_{t}"]) for t in outs]
+    graph = helper.make_graph(nodes, "g",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, s, 3 * heads * d])],
+                              [helper.make_tensor_value_info(f"y_{t}", TensorProto.FLOAT, None) for t in outs], inits)
+    m = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    m.ir_version = 8
+    onnx.save(m, str(tmp_path / "split.onnx"))
+    g = optimize(load_model(tmp_path / "split.onnx"))
+    build_library(g, Target.host(), tmp_path / "lib")
+    lib = load(tmp_path / "lib")
+    x = np.random.default_rng(2).standard_normal((1, s, 3 * heads * d)).astype(np.float32)
+    q, k, v = (np.maximum(x, 0)[..., i * heads * d:(i + 1) * heads * d].reshape(1, s, heads, d).transpose(0, 2, 1, 3)
+               for i in range(3))
+    got = lib.run(x=x)
+    for name, want in zip(outs, (q, k.transpose(0, 1, 3, 2), v), strict=True):
+        np.testing.assert_array_equal(got[f"y_{name}"], want)
+    ops = [i.op for i in lib.manifest.ops if i.kind != "alias"]
+    assert "Split" not in ops and "Transpose" not in ops and ops.count("StridedCopy") == 3, ops

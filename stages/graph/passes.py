@@ -13,7 +13,7 @@
 3. `rewrite_layernorm` (passes_norm.py): the opset < 17 decomposition of layer normalisation
    (ReduceMean, Sub, Pow, ReduceMean, Add, Sqrt, Div, Mul, Add) becomes one LayerNormalization.
    `simplify_views` (passes_views.py): a Transpose that only moves unit dims is a Reshape (an alias at
-   run time, not a copy); Slices of a Transpose slice its input first where that leaves such Transposes.
+   run time, not a copy); a copy of a copy (Slices and Transposes, through Reshapes) is one StridedCopy.
 4. `fuse_attention_softmax` (passes_transformer.py): attention's scale, mask add, softmax and NaN guard
    after Q K^T become one AttentionSoftmax row kernel.
 5. `fuse` (passes_fuse.py): every Conv / Gemm / MatMul becomes an anchor node with a TuningTask
@@ -103,5 +103,6 @@ def eliminate_dead(g: Graph) -> None:
             kept.append(node)
             live.update(node.inputs)
     g.nodes = kept[::-1]
+    live.update(o for node in kept for o in node.outputs)  # a kept node still writes every output (a Split)
     g.constants = {k: v for k, v in g.constants.items() if k in live}
     g.values = {k: v for k, v in g.values.items() if k in live or any(k == i.name for i in g.inputs)}

@@ -1,25 +1,34 @@
-"""Layout ops that move no element become aliases (Reshapes), so the build runs them without a copy.
+"""Layout ops become aliases where they move no element, and one copy where they would be several.
 
 `unit_transposes_to_reshapes`: ViT-B/16's exporter writes `Transpose(perm=[1, 0, 2])` of a `[1, 197, 768]`
 tensor before every attention block; the elements keep their order in memory, yet each one was a copy
 kernel. The dims of size > 1 keep their relative order exactly when the permutation is a reshape; then the
 node becomes `Reshape(shape=<its output shape>)`.
 
-`slices_before_transposes`: the same export splits Q, K and V as `Transpose(perm=[3, 1, 2, 0, 4])` of the
-`[1, 197, 1, 3, 768]` projection and three Slices of the leading axis: a copy of the whole tensor, then a
-copy of each third. Slicing the Transpose's input along the matching axis first leaves Transposes of unit
-dims, which are Reshapes: three copies instead of four. Done only where every reader of the Transpose is
-such a Slice (or a Reshape of unit dims read only by Slices), so the Transpose goes.
+`compose_copies`: a Slice or Transpose whose input is another copy (Slice, Transpose, an output of a
+Split or an earlier composed one), seen through Reshapes, reads that copy's own input instead: every element
+of the result sits at `base + sum(i_d * strides[d])` of the source, so one `StridedCopy(base, strides,
+shape)` does the work of the chain. ViT-B/16's Q/K/V split is a Transpose of the qkv projection, three
+Slices, a head Transpose each and one more for K^T: eight copies of 197x768 floats per block become three;
+BERT's and GPT-2's K^T are two Transposes in a row, now one, and GPT-2's Split of the qkv projection goes.
+The first copy stays while anything else reads it; a chain that ends where it began (a Transpose and its
+inverse) becomes a Reshape.
 """
 
 from __future__ import annotations
 
-from stages.graph.ir import Graph, Node, Value
+import math
+from dataclasses import dataclass
+
+from stages.graph.ir import Graph, Node
+
+COPIES = ("Slice", "Transpose", "StridedCopy", "Split")
+ALIASES = ("Reshape", "Flatten")
 
 
 def simplify_views(g: Graph) -> None:
-    slices_before_transposes(g)
     unit_transposes_to_reshapes(g)
+    compose_copies(g)
 
 
 def unit_transposes_to_reshapes(g: Graph) -> None:
@@ -32,65 +41,88 @@ def unit_transposes_to_reshapes(g: Graph) -> None:
             node.op, node.attrs = "Reshape", {"shape": [int(shape[d]) for d in perm]}
 
 
-def slices_before_transposes(g: Graph) -> None:
-    users = g.consumers()
-    outputs = {v.name for v in g.outputs}
-    rewrites: dict[int, list[Node]] = {}
-    for t in g.nodes:
-        if t.op != "Transpose" or t.inputs[0] not in g.values or t.outputs[0] in outputs:
+@dataclass(frozen=True)
+class _View:
+    """Element (i0, i1, ...) of a tensor of `shape` is element `base + sum(i_d * strides[d])` of a flat source."""
+
+    base: int
+    shape: tuple[int, ...]
+    strides: tuple[int, ...]
+
+
+def compose_copies(g: Graph) -> None:
+    producer = g.producer()
+    for node in g.nodes:
+        if node.op not in ("Slice", "Transpose") or node.inputs[0] not in g.values:
             continue
-        src = g.values[t.inputs[0]]
-        perm = _perm(t, len(src.shape))
-        slices = _slice_readers(g, t.outputs[0], users, outputs)
-        plans = [_sliced_first(g, s, axes, src, perm) for s, axes in slices or []]
-        if slices and all(p is not None for p in plans):
-            rewrites.update({id(s): plan for (s, _), plan in zip(slices, plans, strict=True)})
-    if rewrites:
-        g.nodes = [n for node in g.nodes for n in rewrites.get(id(node), [node])]
-
-
-def _slice_readers(g: Graph, name: str, users: dict[str, list[Node]],
-                   outputs: set[str]) -> list[tuple[Node, list[int | None]]] | None:
-    """Every reader of `name` as (Slice, the axis of `name` each of its axes is), looking through Reshapes that
-    only add or drop unit dims (ViT's squeeze between the Transpose and its Slices); None if any is not."""
-    found: list[tuple[Node, list[int | None]]] = []
-    shape = g.values[name].shape
-    for r in users.get(name, []):
-        if r.op == "Slice":
-            found.append((r, list(range(len(shape)))))
+        chain, name = [], node.inputs[0]
+        while (p := producer.get(name)) is not None and p.op in ALIASES:
+            chain.append(p)
+            name = p.inputs[0]
+        if p is None or p.op not in COPIES or p.inputs[0] not in g.values \
+                or math.prod(g.values[node.outputs[0]].shape) == 0:
             continue
-        if r.op != "Reshape" or r.outputs[0] in outputs:
-            return None
-        rshape = g.values[r.outputs[0]].shape
-        real, rreal = [a for a, n in enumerate(shape) if n != 1], [a for a, n in enumerate(rshape) if n != 1]
-        readers = users.get(r.outputs[0], [])
-        if [shape[a] for a in real] != [rshape[a] for a in rreal] or not readers or \
-                any(x.op != "Slice" for x in readers):
-            return None
-        axes: list[int | None] = [None] * len(rshape)
-        for a, b in zip(rreal, real, strict=True):
-            axes[a] = b
-        found += [(x, axes) for x in readers]
-    return found or None
+        src = g.values[p.inputs[0]].shape
+        view: _View | None = _applied(_View(0, src, _contiguous(src)), p, name, g.values[name].shape)
+        for r in reversed(chain):
+            view = view and _reshaped(view, g.values[r.outputs[0]].shape)
+        view = view and _applied(view, node, node.outputs[0], g.values[node.outputs[0]].shape)
+        if view is None:
+            continue
+        node.inputs = [p.inputs[0]]
+        if view.base == 0 and math.prod(view.shape) == math.prod(src) and _is_contiguous(view):
+            node.op, node.attrs = "Reshape", {"shape": list(view.shape)}
+        else:
+            node.op, node.attrs = "StridedCopy", {"base": view.base, "strides": list(view.strides),
+                                                    "shape": list(view.shape)}
 
 
-def _sliced_first(g: Graph, s: Node, axes: list[int | None], src: Value, perm: list[int]) -> list[Node] | None:
-    """[Slice of the Transpose's input, Reshape to the Slice's output] in place of Slice `s` (whose axis i is
-    axis `axes[i]` of the Transpose's output, None for an added unit dim), or None when the Transpose left
-    after slicing would move a dim of size > 1 (it would stay a copy: no gain)."""
-    rank = len(perm)
-    starts, steps, sizes = [0] * rank, [1] * rank, [1] * rank
-    for i, a in enumerate(axes):
-        if a is not None:
-            d = perm[a]
-            starts[d], steps[d], sizes[d] = (int(s.attrs[k][i]) for k in ("starts", "steps", "sizes"))
-    if not _moves_unit_dims_only(tuple(sizes), perm):
-        return None
-    out = s.outputs[0]
-    mid = f"{out}__sliced"
-    g.values[mid] = Value(mid, tuple(sizes), src.dtype)
-    return [Node(f"{s.name}/sliced", "Slice", [src.name], [mid], {"starts": starts, "steps": steps, "sizes": sizes}),
-            Node(s.name, "Reshape", [mid], [out], {"shape": [int(x) for x in g.values[out].shape]})]
+def _applied(v: _View, node: Node, out: str, out_shape: tuple[int, ...]) -> _View:
+    """The view `node` makes (as its output `out`) of a tensor that is view `v` of the source."""
+    if node.op == "Transpose":
+        perm = _perm(node, len(v.shape))
+        return _View(v.base, tuple(v.shape[d] for d in perm), tuple(v.strides[d] for d in perm))
+    if node.op == "Slice":
+        starts, steps = (node.attrs[k] for k in ("starts", "steps"))
+        base = v.base + sum(int(a) * s for a, s in zip(starts, v.strides, strict=True))
+        return _View(base, tuple(out_shape), tuple(s * int(st) for s, st in zip(v.strides, steps, strict=True)))
+    # Split and StridedCopy are only ever the first copy of a chain: `v` is their input's contiguous layout.
+    if node.op == "Split":
+        axis = int(node.attrs["axis"]) % len(v.shape)
+        at = sum(int(n) for n in node.attrs["split"][:node.outputs.index(out)])
+        return _View(v.base + at * v.strides[axis], tuple(out_shape), v.strides)
+    return _View(v.base + int(node.attrs["base"]), tuple(out_shape), tuple(int(s) for s in node.attrs["strides"]))
+
+
+def _reshaped(v: _View, shape: tuple[int, ...]) -> _View | None:
+    """`v` reshaped to `shape` without moving an element, or None when that needs a copy (numpy's rule: each
+    run of old dims merged or split must be contiguous within itself)."""
+    old = [(n, s) for n, s in zip(v.shape, v.strides, strict=True) if n != 1]
+    real = [d for d, n in enumerate(shape) if n != 1]
+    strides = [0] * len(shape)
+    i = j = 0
+    while i < len(old):
+        i2, j2, a, b = i + 1, j + 1, old[i][0], shape[real[j]]
+        while a != b:
+            if a < b:
+                a, i2 = a * old[i2][0], i2 + 1
+            else:
+                b, j2 = b * shape[real[j2]], j2 + 1
+        if any(old[k][1] != old[k + 1][1] * old[k + 1][0] for k in range(i, i2 - 1)):
+            return None
+        step = old[i2 - 1][1]
+        for k in range(j2 - 1, j - 1, -1):
+            strides[real[k]], step = step, step * shape[real[k]]
+        i, j = i2, j2
+    return _View(v.base, tuple(shape), tuple(strides))
+
+
+def _contiguous(shape: tuple[int, ...]) -> tuple[int, ...]:
+    return tuple(math.prod(shape[d + 1:]) for d in range(len(shape)))
+
+
+def _is_contiguous(v: _View) -> bool:
+    return all(s == c for n, s, c in zip(v.shape, v.strides, _contiguous(v.shape), strict=True) if n != 1)
 
 
 def _perm(node: Node, rank: int) -> list[int]:

@@ -231,6 +231,12 @@ def _slice(x: np.ndarray, a: dict) -> np.ndarray:
     return x[np.ix_(*index)] if x.ndim else x
 
 
+def _strided_copy(x: np.ndarray, a: dict) -> np.ndarray:
+    """Element i is element `base + sum(i_d * strides[d])` of the flat input, gathered (never a raw view)."""
+    grids = np.ix_(*(np.arange(n) * s for n, s in zip(a["shape"], a["strides"], strict=True)))
+    return x.reshape(-1)[a["base"] + sum(grids, np.zeros((), np.int64))]
+
+
 def _gemm(args: list[np.ndarray], a: dict) -> list[np.ndarray]:
     x = args[0].T if a.get("transA", 0) else args[0]
     w = args[1].T if a.get("transB", 0) else args[1]
@@ -319,6 +325,7 @@ OPS: dict[str, OpFn] = {
     "Concat": lambda args, a: [np.concatenate(args, axis=a["axis"])],
     "Split": lambda args, a: np.split(args[0], np.cumsum(a["split"])[:-1], axis=a["axis"]),
     "Slice": _unary(_slice),
+    "StridedCopy": _unary(_strided_copy),
     "Pad": _unary(_pad),
     "LayerNormalization": _layer_norm,
     "InstanceNormalization": _instance_norm,

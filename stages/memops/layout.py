@@ -98,6 +98,14 @@ def slice_(ctx: OpCtx) -> None:
           Operand(ctx.inp(), tuple(s * int(st) for s, st in zip(istr, steps, strict=True)), base))
 
 
+def strided_copy(ctx: OpCtx) -> None:
+    """Element i of the output is element `base + sum(i_d * strides[d])` of the input (passes_views.py's
+    composed chains of Slices and Transposes)."""
+    out_shape = ctx.out_shape()
+    _copy(ctx, out_shape, Operand(ctx.out(), contiguous_strides(out_shape)),
+          Operand(ctx.inp(), tuple(int(s) for s in ctx.attr("strides")), int(ctx.attr("base"))))
+
+
 def pad(ctx: OpCtx) -> None:
     """Pad with `pads` (all begins, then all ends; negative ones crop) in constant, edge or reflect mode."""
     shape, out_shape = ctx.in_shape(), ctx.out_shape()
@@ -150,6 +158,7 @@ OPS: dict[str, Callable[[OpCtx], None]] = {
     "Concat": concat,
     "Split": split,
     "Slice": slice_,
+    "StridedCopy": strided_copy,
     "Pad": pad,
 }
 
