@@ -18,6 +18,7 @@ from schemas import Target
 from stages.build.library import build_library
 from stages.extract import load_model
 from stages.graph import reference
+from stages.graph.ir import Node
 from stages.graph.passes import optimize
 from stages.graph.passes_transformer import OP
 from stages.runtime import load
@@ -221,3 +222,17 @@ def test_a_classifier_softmax_keeps_its_dense_and_bias(tmp_path):
     opt, _ = _check(tmp_path, path)
     assert [n.op for n in opt.nodes] == ["dense", "Softmax"]
     assert [e.kind for e in opt.nodes[0].task.epilogue] == ["bias"]
+
+
+@pytest.mark.parametrize("axis", [1, -2, 2, -1])
+def test_the_interpreter_normalises_layernorm_over_a_negative_axis_too(axis):
+    """Hand-built nodes (passes, fuzzers) may carry ONNX's negative axis; the interpreter reads it as ONNX does."""
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((2, 5, 6)).astype(np.float32)
+    scale = rng.standard_normal(x.shape[axis % 3:]).astype(np.float32)
+    bias = rng.standard_normal(scale.shape).astype(np.float32)
+    (got,) = reference.run_node(Node("ln", "LayerNormalization", ["x", "s", "b"], ["y"],
+                                     {"axis": axis, "epsilon": 1e-5}), [x, scale, bias])
+    axes = tuple(range(axis % 3, 3))
+    want = (x - x.mean(axes, keepdims=True)) / np.sqrt(x.var(axes, keepdims=True) + 1e-5) * scale + bias
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)

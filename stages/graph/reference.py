@@ -34,7 +34,7 @@ from stages.graph.epilogue import apply_reference
 from stages.graph.ir import Graph, Node
 from stages.graph.reference_index import INDEX_OPS
 from stages.graph.reference_quant import QUANT_OPS
-from stages.graph.reference_transformer import TRANSFORMER_OPS
+from stages.graph.reference_transformer import TRANSFORMER_OPS, add_layer_norm
 
 OpFn = Callable[[list[np.ndarray], dict], list[np.ndarray]]
 
@@ -169,12 +169,8 @@ def _softmax(x: np.ndarray, axis: int) -> np.ndarray:
 
 
 def _layer_norm(args: list[np.ndarray], a: dict) -> list[np.ndarray]:
-    x, scale = args[0], args[1]
-    axes = tuple(range(a["axis"], x.ndim))
-    mean = x.mean(axis=axes, keepdims=True)
-    var = ((x - mean) ** 2).mean(axis=axes, keepdims=True)
-    y = (x - mean) / np.sqrt(var + a.get("epsilon", 1e-5)) * scale
-    return [(y + args[2] if len(args) > 2 else y).astype(x.dtype)]
+    """The one-term case of the fused AddLayerNormalization (one implementation of the normalisation)."""
+    return add_layer_norm(args, {**a, "terms": 1, "with_sum": False})
 
 
 def _conv_transpose(args: list[np.ndarray], a: dict) -> list[np.ndarray]:
