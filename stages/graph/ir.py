@@ -17,6 +17,15 @@ import numpy as np
 from schemas.task import TuningTask
 
 
+def contiguous_strides(shape: tuple[int, ...] | list[int]) -> tuple[int, ...]:
+    """Row-major element strides of `shape` (the layout every buffer has; views are read against it)."""
+    strides, acc = [], 1
+    for d in reversed(shape):
+        strides.append(acc)
+        acc *= d
+    return tuple(reversed(strides))
+
+
 @dataclass(frozen=True)
 class Value:
     """A tensor flowing between nodes (static shape)."""

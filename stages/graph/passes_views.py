@@ -20,7 +20,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from stages.graph.ir import Graph, Node
+from stages.graph.ir import Graph, Node, contiguous_strides
 
 COPIES = ("Slice", "Transpose", "StridedCopy", "Split")
 ALIASES = ("Reshape", "Flatten")
@@ -63,7 +63,7 @@ def compose_copies(g: Graph) -> None:
                 or math.prod(g.values[node.outputs[0]].shape) == 0:
             continue
         src = g.values[p.inputs[0]].shape
-        view: _View | None = _applied(_View(0, src, _contiguous(src)), p, name, g.values[name].shape)
+        view: _View | None = _applied(_View(0, src, contiguous_strides(src)), p, name, g.values[name].shape)
         for r in reversed(chain):
             view = view and _reshaped(view, g.values[r.outputs[0]].shape)
         view = view and _applied(view, node, node.outputs[0], g.values[node.outputs[0]].shape)
@@ -117,12 +117,8 @@ def _reshaped(v: _View, shape: tuple[int, ...]) -> _View | None:
     return _View(v.base, tuple(shape), tuple(strides))
 
 
-def _contiguous(shape: tuple[int, ...]) -> tuple[int, ...]:
-    return tuple(math.prod(shape[d + 1:]) for d in range(len(shape)))
-
-
 def _is_contiguous(v: _View) -> bool:
-    return all(s == c for n, s, c in zip(v.shape, v.strides, _contiguous(v.shape), strict=True) if n != 1)
+    return all(s == c for n, s, c in zip(v.shape, v.strides, contiguous_strides(v.shape), strict=True) if n != 1)
 
 
 def _perm(node: Node, rank: int) -> list[int]:

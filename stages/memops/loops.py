@@ -16,6 +16,7 @@ from llvmlite import ir
 
 from schemas.task import EpilogueOp
 from stages.codegen.irb import F32, I32, add, for_range, gep, i64, intrinsic, mul
+from stages.graph.ir import contiguous_strides
 from stages.templates.epilogue import emit
 
 
@@ -26,14 +27,6 @@ class Operand:
     ptr: ir.Value
     strides: tuple[int, ...]
     base: int = 0
-
-
-def contiguous_strides(shape: Sequence[int]) -> tuple[int, ...]:
-    strides, acc = [], 1
-    for d in reversed(shape):
-        strides.append(acc)
-        acc *= d
-    return tuple(reversed(strides))
 
 
 def broadcast_strides(shape: Sequence[int], out_shape: Sequence[int]) -> tuple[int, ...]:
