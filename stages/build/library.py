@@ -51,6 +51,7 @@ from schemas.manifest import (
 from schemas.target import Target
 from stages.build import facts
 from stages.build.apply_best import Choice, choose, fallback_message, implementations
+from stages.build.gemm_views import plan_gemm_views
 from stages.build.halo import HaloPlan, plan_halos
 from stages.build.inputs import input_infos
 from stages.build.memplan import Step, aligned, plan_workspace
@@ -66,6 +67,7 @@ from stages.memops.anchor import GENERIC_OPS, generic_anchor
 from stages.memops.opctx import STATUS
 from stages.memops.registry import ALIASES, OpCtx, UnsupportedOp, generator, unsupported_nodes
 from stages.templates import TEMPLATES, qgemm_isa, template_for
+from stages.templates.batch_matmul import Views
 from stages.templates.conv2d import Halo
 
 RUN = "tf_run"
@@ -130,8 +132,11 @@ def build_library(graph: Graph, target: Target, out: Path, threads: int = 1, log
             raise BuildError(f"graph output {v.name!r} is a graph input or a constant; nothing computes it")
     module = ir.Module(name="tf_model")
     module.triple = target.triple
-    halo = plan_halos(graph, {s: c for s, c in choices.items() if c.config is not None})
-    low = _lower(graph, module, choices, target, threads, halo)
+    templated = {s: c for s, c in choices.items() if c.config is not None}
+    views = plan_gemm_views(graph, templated)
+    graph = views.graph
+    halo = plan_halos(graph, templated)
+    low = _lower(graph, module, choices, target, threads, halo, views.views)
     calls, constants = low.calls, low.constants
     message = _fallbacks(choices, low.generic)
     if message and on_fallback:
@@ -205,7 +210,7 @@ class _Lowered:
 
 
 def _lower(graph: Graph, module: ir.Module, choices: dict[str, Choice], target: Target, threads: int,
-           halo: HaloPlan) -> _Lowered:
+           halo: HaloPlan, views: dict[str, Views]) -> _Lowered:
     outputs = {v.name for v in graph.outputs}
     low = _Lowered()
     for idx, node in enumerate(graph.nodes):
@@ -213,11 +218,13 @@ def _lower(graph: Graph, module: ir.Module, choices: dict[str, Choice], target: 
         anchor = None
         choice = choices.get(node.task.signature) if node.task is not None else None
         if choice is not None and choice.config is not None:
+            layout = {"halo": halo.halos[node.name]} if node.name in halo.halos else \
+                {"views": views[node.name]} if node.name in views else {}
             try:
-                anchor = _anchor(graph, node, choice, target, threads, symbol, low.kernels, halo.halos.get(node.name))
+                anchor = _anchor(graph, node, choice, target, threads, symbol, low.kernels, layout)
             except _RunTimeOperand as exc:
-                if node.name in halo.halos:
-                    raise BuildError(f"node {node.name!r}: planned a padded hand-off, but {exc}") from exc
+                if layout:
+                    raise BuildError(f"node {node.name!r}: planned its operands' layout, but {exc}") from exc
                 low.generic[node.task.description] = str(exc)
         elif node.task is not None:
             low.generic[node.task.description] = choice.why_default if choice else f"no template for {node.task.op}"
@@ -227,7 +234,7 @@ def _lower(graph: Graph, module: ir.Module, choices: dict[str, Choice], target: 
             if obj is not None:
                 low.objects.append(obj)
             low.calls.append(_Call(node, symbol, slots, anchor=True))
-            low.infos.append(_anchor_info(node, choices[node.task.signature], halo.halos.get(node.name)))
+            low.infos.append(_anchor_info(node, choices[node.task.signature], layout))
         elif node.op in ALIASES and node.outputs[0] not in outputs:
             low.root[node.outputs[0]] = low.root.get(node.inputs[0], node.inputs[0])
             low.infos.append(OpInfo(node=node.name, op=node.op, kind="alias"))
@@ -247,32 +254,34 @@ def _lower(graph: Graph, module: ir.Module, choices: dict[str, Choice], target: 
 
 
 def _anchor(graph: Graph, node: Node, choice: Choice, target: Target, threads: int, symbol: str,
-            kernels: dict[str, str], halo: Halo | None = None) \
+            kernels: dict[str, str], layout: dict[str, Halo | Views]) \
         -> tuple[list[str], dict[str, np.ndarray], bytes | None, str]:
-    """Slots, packed weights, the compiled object of one anchor kernel and its symbol (`halo`: a conv2d's
-    padded X / Y layout, see `stages/build/halo.py`). A kernel whose IR an earlier anchor already compiled
+    """Slots, packed weights, the compiled object of one anchor kernel and its symbol (`layout`: a conv2d's
+    padded X / Y `halo`, see `stages/build/halo.py`, or a batch matmul's strided `views`, see
+    `stages/build/gemm_views.py`). A kernel whose IR an earlier anchor already compiled
     (`kernels`) is called under that anchor's symbol with no new object: identical tasks on the same
     schedule are common (DenseNet-121: 121 anchors, 67 tasks) and LLVM's codegen is most of a build."""
     task, knobs = node.task, dict(choice.config.knobs)
     tpl = template_for(task)
-    layout = {} if halo is None else {"halo": halo}
     inputs = [n for n in node.inputs if n]
     specs = task.inputs
     if len(specs) != len(inputs):
         raise BuildError(f"node {node.name!r}: task {task.description} takes {len(specs)} inputs, "
                          f"the node has {len(inputs)}")
-    for name, spec in zip(inputs, specs, strict=True):
+    views = layout.get("views")
+    viewed = {k for k, v in enumerate((views.a, views.b)) if v is not None} if isinstance(views, Views) else set()
+    for k, (name, spec) in enumerate(zip(inputs, specs, strict=True)):
         value = graph.constants.get(name)
         size = value.size if value is not None else math.prod(graph.values[name].shape)
-        if size != spec.size:
+        if size != spec.size and k not in viewed:  # (a view's source is larger: the plan derived it from the copy)
             raise BuildError(f"node {node.name!r}: input {name!r} has {size} elements, the task expects {spec.shape}")
-    arrays = _operands(graph, inputs, specs, 0)
+    arrays = _operands(graph, inputs, specs, 0, viewed)
     args = tpl.kernel_args(task, knobs, arrays, **layout)
     # An argument packed from run-time data cannot be baked into the weights. Float stand-ins are NaN, which
     # survives packing; integer ones cannot be told apart by value, so the operands are packed a second time
     # from other stand-in values and any argument that changes depends on them.
     integer = any(s.dtype != "float32" and n not in graph.constants for n, s in zip(inputs, specs, strict=True))
-    again = tpl.kernel_args(task, knobs, _operands(graph, inputs, specs, 1), **layout) if integer else None
+    again = tpl.kernel_args(task, knobs, _operands(graph, inputs, specs, 1, viewed), **layout) if integer else None
     slots: list[str] = []
     packed: dict[str, np.ndarray] = {}
     for k, arg in enumerate(args[:-1]):
@@ -306,16 +315,17 @@ def _anchor(graph: Graph, node: Node, choice: Choice, target: Target, threads: i
         raise BuildError(f"node {node.name!r}: {exc}") from exc
 
 
-def _operands(graph: Graph, inputs: list[str], specs, fill: int) -> list[np.ndarray]:
+def _operands(graph: Graph, inputs: list[str], specs, fill: int, viewed: set[int]) -> list[np.ndarray]:
     """The anchor's operands in the task's dtypes: constants as they are, run-time ones as stand-in values
-    (NaN for floats; `fill` for integers)."""
+    (NaN for floats; `fill` for integers), those read as views (`viewed`) in their source's shape."""
     out = []
-    for name, spec in zip(inputs, specs, strict=True):
+    for k, (name, spec) in enumerate(zip(inputs, specs, strict=True)):
         value = graph.constants.get(name)
         if value is not None:
             out.append(np.ascontiguousarray(value, dtype=spec.dtype).reshape(spec.shape))
         else:
-            out.append(np.full(spec.shape, np.nan if spec.dtype == "float32" else fill, dtype=spec.dtype))
+            shape = graph.values[name].shape if k in viewed else spec.shape
+            out.append(np.full(shape, np.nan if spec.dtype == "float32" else fill, dtype=spec.dtype))
     return out
 
 
@@ -335,14 +345,14 @@ def _fallbacks(choices: dict[str, Choice], generic: dict[str, str]) -> str | Non
     return "\n".join(lines) or None
 
 
-def _anchor_info(node: Node, choice: Choice, halo: Halo | None) -> OpInfo:
+def _anchor_info(node: Node, choice: Choice, layout: dict[str, Halo | Views]) -> OpInfo:
     rec = choice.record
     return OpInfo(
         node=node.name, op=node.op, kind="tuned" if rec else "default", task=choice.task.description,
         task_signature=choice.task.signature, knobs=dict(choice.config.knobs),
         record=None if rec is None else {"session_id": rec.session_id, "trial": rec.trial,
                                          "median_s": rec.cost_s, "gflops": rec.gflops},
-        layout=None if halo is None else halo.label,
+        layout=next((v.label for v in layout.values()), None),
     )
 
 

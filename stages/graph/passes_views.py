@@ -42,7 +42,7 @@ def unit_transposes_to_reshapes(g: Graph) -> None:
 
 
 @dataclass(frozen=True)
-class _View:
+class View:
     """Element (i0, i1, ...) of a tensor of `shape` is element `base + sum(i_d * strides[d])` of a flat source."""
 
     base: int
@@ -50,25 +50,34 @@ class _View:
     strides: tuple[int, ...]
 
 
+def copy_view(g: Graph, producer: dict[str, Node], name: str) -> tuple[Node, list[Node], View] | None:
+    """When run-time tensor `name` is a copy (Slice, Transpose, StridedCopy, a Split output) seen through
+    Reshapes: that copy, the Reshapes between (nearest first), and `name` as a view of the copy's input."""
+    chain = []
+    while (p := producer.get(name)) is not None and p.op in ALIASES:
+        chain.append(p)
+        name = p.inputs[0]
+    if p is None or p.op not in COPIES or p.inputs[0] not in g.values:
+        return None
+    src = g.values[p.inputs[0]].shape
+    view: View | None = _applied(View(0, src, contiguous_strides(src)), p, name, g.values[name].shape)
+    for r in reversed(chain):
+        view = view and reshaped(view, g.values[r.outputs[0]].shape)
+    return None if view is None else (p, chain, view)
+
+
 def compose_copies(g: Graph) -> None:
     producer = g.producer()
     for node in g.nodes:
-        if node.op not in ("Slice", "Transpose") or node.inputs[0] not in g.values:
-            continue
-        chain, name = [], node.inputs[0]
-        while (p := producer.get(name)) is not None and p.op in ALIASES:
-            chain.append(p)
-            name = p.inputs[0]
-        if p is None or p.op not in COPIES or p.inputs[0] not in g.values \
+        if node.op not in ("Slice", "Transpose") or node.inputs[0] not in g.values \
                 or math.prod(g.values[node.outputs[0]].shape) == 0:
             continue
-        src = g.values[p.inputs[0]].shape
-        view: _View | None = _applied(_View(0, src, contiguous_strides(src)), p, name, g.values[name].shape)
-        for r in reversed(chain):
-            view = view and _reshaped(view, g.values[r.outputs[0]].shape)
-        view = view and _applied(view, node, node.outputs[0], g.values[node.outputs[0]].shape)
-        if view is None:
+        found = copy_view(g, producer, node.inputs[0])
+        view = found and _applied(found[2], node, node.outputs[0], g.values[node.outputs[0]].shape)
+        if not view:
             continue
+        p = found[0]
+        src = g.values[p.inputs[0]].shape
         node.inputs = [p.inputs[0]]
         if view.base == 0 and math.prod(view.shape) == math.prod(src) and _is_contiguous(view):
             node.op, node.attrs = "Reshape", {"shape": list(view.shape)}
@@ -77,24 +86,24 @@ def compose_copies(g: Graph) -> None:
                                                     "shape": list(view.shape)}
 
 
-def _applied(v: _View, node: Node, out: str, out_shape: tuple[int, ...]) -> _View:
+def _applied(v: View, node: Node, out: str, out_shape: tuple[int, ...]) -> View:
     """The view `node` makes (as its output `out`) of a tensor that is view `v` of the source."""
     if node.op == "Transpose":
         perm = _perm(node, len(v.shape))
-        return _View(v.base, tuple(v.shape[d] for d in perm), tuple(v.strides[d] for d in perm))
+        return View(v.base, tuple(v.shape[d] for d in perm), tuple(v.strides[d] for d in perm))
     if node.op == "Slice":
         starts, steps = (node.attrs[k] for k in ("starts", "steps"))
         base = v.base + sum(int(a) * s for a, s in zip(starts, v.strides, strict=True))
-        return _View(base, tuple(out_shape), tuple(s * int(st) for s, st in zip(v.strides, steps, strict=True)))
+        return View(base, tuple(out_shape), tuple(s * int(st) for s, st in zip(v.strides, steps, strict=True)))
     # Split and StridedCopy are only ever the first copy of a chain: `v` is their input's contiguous layout.
     if node.op == "Split":
         axis = int(node.attrs["axis"]) % len(v.shape)
         at = sum(int(n) for n in node.attrs["split"][:node.outputs.index(out)])
-        return _View(v.base + at * v.strides[axis], tuple(out_shape), v.strides)
-    return _View(v.base + int(node.attrs["base"]), tuple(out_shape), tuple(int(s) for s in node.attrs["strides"]))
+        return View(v.base + at * v.strides[axis], tuple(out_shape), v.strides)
+    return View(v.base + int(node.attrs["base"]), tuple(out_shape), tuple(int(s) for s in node.attrs["strides"]))
 
 
-def _reshaped(v: _View, shape: tuple[int, ...]) -> _View | None:
+def reshaped(v: View, shape: tuple[int, ...]) -> View | None:
     """`v` reshaped to `shape` without moving an element, or None when that needs a copy (numpy's rule: each
     run of old dims merged or split must be contiguous within itself)."""
     old = [(n, s) for n, s in zip(v.shape, v.strides, strict=True) if n != 1]
@@ -114,10 +123,10 @@ def _reshaped(v: _View, shape: tuple[int, ...]) -> _View | None:
         for k in range(j2 - 1, j - 1, -1):
             strides[real[k]], step = step, step * shape[real[k]]
         i, j = i2, j2
-    return _View(v.base, tuple(shape), tuple(strides))
+    return View(v.base, tuple(shape), tuple(strides))
 
 
-def _is_contiguous(v: _View) -> bool:
+def _is_contiguous(v: View) -> bool:
     return all(s == c for n, s, c in zip(v.shape, v.strides, contiguous_strides(v.shape), strict=True) if n != 1)
 
 

@@ -11,6 +11,9 @@ config, which keeps IR and compile time small).
 
 B is either packed at build time into panels `Bp[ceil(N/nr)][K][nr]` (zero-padded on N, by
 `gemm_operands`), or read in place as row-major `(K, N)` (activations, e.g. attention's batch matmul).
+Rows of A, of an unpacked B and of C may sit further apart than their length (`lda`, `ldb`, `ldc`) and
+each batch at its own offsets: a batch matmul built to read its operands and write its result where
+attention's head transposes would have copied them (`stages/build/gemm_views.py`).
 Kernel arguments: `[A, B, *epilogue tensors, C]` (see `epilogue`).
 """
 
@@ -57,11 +60,19 @@ class GemmSpec:
     m: int
     n: int
     k: int
-    batch_offsets: tuple[tuple[int, int], ...] = ((0, 0),)  # per output batch: (A offset, B offset)
+    batch_offsets: tuple[tuple[int, int, int], ...] = ((0, 0, 0),)  # per output batch: (A, B, C) offsets
     a_trans: bool = False  # A stored as (K, M)
     b_packed: bool = True
     alpha: float = 1.0
     epilogue: tuple[EpilogueOp, ...] = ()
+    lda: int = 0  # row strides of A (not transposed), of an unpacked B and of C; 0: the row length
+    ldb: int = 0
+    ldc: int = 0
+
+    def __post_init__(self) -> None:
+        dense_c = all(c == i * self.m * self.n for i, (_, _, c) in enumerate(self.batch_offsets))
+        if (self.ldc not in (0, self.n) or not dense_c) and any(not s.per_channel for s in operands(self.epilogue)):
+            raise ValueError("an epilogue tensor shaped like C is read at C's offsets: C must be contiguous")
 
     @property
     def batch(self) -> int:
@@ -114,7 +125,8 @@ class _Gen:
         self.kb_count = -(-spec.k // s.kc)
         self.n_epi = len(operands(spec.epilogue))
         # A element (row i, reduction k) lives at i * ars + k * aks
-        self.ars, self.aks = (1, spec.m) if spec.a_trans else (spec.k, 1)
+        self.ars, self.aks = (1, spec.m) if spec.a_trans else (spec.lda or spec.k, 1)
+        self.ldb, self.ldc = spec.ldb or spec.n, spec.ldc or spec.n
 
     def emit(self, mod: ir.Module) -> ir.Function:
         g, s = self.g, self.s
@@ -133,14 +145,13 @@ class _Gen:
         offsets = self._offsets_table(mod)
         with for_range(b, fn.args[1], fn.args[2], name="item", unroll=False) as item:
             if g.batch == 1:
-                bi, blk = i64(0), item
-                a_b, b_b = a, bm
+                blk = item
+                aoff, boff, c_base = (i64(o) for o in g.batch_offsets[0])
             else:
                 bi, blk = b.sdiv(item, i64(per)), b.srem(item, i64(per))
-                aoff = b.load(b.gep(offsets, [i64(0), mul(b, bi, i64(2))]))
-                boff = b.load(b.gep(offsets, [i64(0), add(b, mul(b, bi, i64(2)), i64(1))]))
-                a_b, b_b = gep(b, a, aoff), gep(b, bm, boff)
-            c_base = mul(b, bi, i64(g.m * g.n))
+                aoff, boff, c_base = (b.load(b.gep(offsets, [i64(0), add(b, mul(b, bi, i64(3)), i64(j))]))
+                                      for j in range(3))
+            a_b, b_b = gep(b, a, aoff), gep(b, bm, boff)
             jc0, jc1 = (blk, add(b, blk, i64(1))) if s.par == "n" else (i64(0), i64(self.jb_count))
             ic0, ic1 = (blk, add(b, blk, i64(1))) if s.par == "m" else (i64(0), i64(self.ib_count))
             with for_range(b, jc0, jc1, name="jc", unroll=False) as jc:
@@ -211,8 +222,8 @@ class _Gen:
         if g.b_packed:
             bptr = gep(b, ctx["bm"], add(b, mul(b, p, i64(g.k * s.nr)), mul(b, ctx["pc"], i64(s.nr))))
         else:
-            bptr = gep(b, ctx["bm"], add(b, mul(b, ctx["pc"], i64(g.n)), col0))
-        c_off = add(b, ctx["c_base"], add(b, mul(b, row0, i64(g.n)), col0))
+            bptr = gep(b, ctx["bm"], add(b, mul(b, ctx["pc"], i64(self.ldb)), col0))
+        c_off = add(b, ctx["c_base"], add(b, mul(b, row0, i64(self.ldc)), col0))
         args = [aptr, bptr, ctx["c"], c_off, col0, ctx["kl"], ctx["first"], ctx["last"], rows, cols, *ctx["epi"]]
         b.call(ctx["micro"], args)
 
@@ -235,7 +246,7 @@ class _Gen:
         row_ok = [b.icmp_signed("<", i64(i), rows) if (edge_rows and i) else None for i in range(mr)]
         masks = [[_and_mask(b, col_mask[j], row_ok[i], vw) for j in range(nv)] for i in range(mr)]
         cptr = gep(b, c, c_off)
-        crow = [gep(b, cptr, i64(i * g.n)) for i in range(mr)]
+        crow = [gep(b, cptr, i64(i * self.ldc)) for i in range(mr)]
         zero = ir.Constant(vty, None)
         if self.kb_count == 1:
             accs: list[ir.Value] = [zero] * (mr * nv)
@@ -248,7 +259,7 @@ class _Gen:
         else:
             arow = [gep(b, a, mul(b, smin(b, i64(i), b.sub(rows, i64(1))), i64(self.ars))) for i in range(mr)]
             a_step = self.aks
-        b_step = s.nr if g.b_packed else g.n
+        b_step = s.nr if g.b_packed else self.ldb
         bmask = col_mask if not g.b_packed else [None] * nv
 
         def step(kk: ir.Value, acc: list[ir.Value]) -> None:
@@ -291,7 +302,7 @@ class _Gen:
             b.store(v, b.gep(tile, [ir.Constant(I32, 0), ir.Constant(I32, idx)]))
         slots = operands(g.epilogue)
         with for_range(b, i64(0), rows, name="er", unroll=False) as i:
-            roff = mul(b, i, i64(g.n))
+            roff = mul(b, i, i64(self.ldc))
             for j in range(nv):
                 v = b.load(b.gep(tile, [i64(0), add(b, mul(b, i, i64(nv)), i64(j))]))
                 if g.alpha != 1.0:
