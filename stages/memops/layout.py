@@ -7,7 +7,7 @@ from collections.abc import Callable
 
 from llvmlite import ir
 
-from stages.codegen.irb import add, gep, i64, intrinsic, mul
+from stages.codegen.irb import add, for_range, gep, i64, intrinsic, load_vec, mul, store_vec, vec
 from stages.memops.loops import Operand, align_of, collapse, const_like, contiguous_strides, emit_map, loop_nest, offset
 from stages.memops.opctx import OpCtx
 
@@ -15,12 +15,15 @@ from stages.memops.opctx import OpCtx
 # vectorised and unrolled by LLVM, which made DenseNet's concats (about 530 inputs in all) most of its build.
 MEMCPY_RUN = 16
 I8P = ir.IntType(8).as_pointer()
+TILE = 16  # a transposing copy moves TILE x TILE float tiles through registers
 
 
 def _copy(ctx: OpCtx, extents, out: Operand, src: Operand) -> None:
     """out[i] = src[i] over the box; a run contiguous in both views is one memmove (memcpy's speed, and
-    right even if two views ever overlapped)."""
+    right even if two views ever overlapped); a float transpose goes tile by tile (`_transposed`)."""
     ext, (o, s) = collapse(extents, [out, src])
+    if _transposed(ctx, ext, o, s):
+        return
     if not ext or o.strides[-1] != 1 or s.strides[-1] != 1 or ext[-1] < MEMCPY_RUN:
         emit_map(ctx.b, extents, out, [src], lambda b, v: v[0])
         return
@@ -31,6 +34,59 @@ def _copy(ctx: OpCtx, extents, out: Operand, src: Operand) -> None:
         dst = b.bitcast(gep(b, o.ptr, offset(b, idx, o.strides[:-1], o.base)), I8P)
         frm = b.bitcast(gep(b, s.ptr, offset(b, idx, s.strides[:-1], s.base)), I8P)
         b.call(move, [dst, frm, i64(ext[-1] * size), ir.Constant(ir.IntType(1), 0)])
+
+
+def _transposed(ctx: OpCtx, ext: tuple[int, ...], o: Operand, s: Operand) -> bool:
+    """A float copy whose output runs (unit stride) along a dim the source strides over, while the source runs
+    along another (BERT's K^T: 64 x 128 per head, source rows 768 floats apart): TILE source rows are loaded as
+    vectors, transposed in registers (log2 TILE rounds of two-input shuffles, each swapping one bit of the row
+    index with the same bit of the lane index) and stored as TILE output rows; edge tiles use masked loads and
+    stores. Replaces a loop of gathers. False (nothing emitted) for any other copy."""
+    if len(ext) < 2 or o.strides[-1] != 1 or s.strides[-1] in (0, 1) or not isinstance(o.ptr.type.pointee,
+                                                                                      ir.FloatType):
+        return False
+    runs = [d for d in range(len(ext) - 1) if s.strides[d] == 1 and o.strides[d] != 0]
+    if not runs or ext[-1] < TILE or ext[runs[0]] < TILE:
+        return False
+    b, a, last = ctx.b, runs[0], len(ext) - 1
+    rest = [d for d in range(last) if d != a]
+    full_a, full_j = ext[a] // TILE, ext[last] // TILE
+    tail_a, tail_j = ext[a] % TILE, ext[last] % TILE
+
+    with loop_nest(b, [ext[d] for d in rest]) as outer:
+        def tile(a0: ir.Value, j0: ir.Value, na: int, nj: int) -> None:
+            def at(op: Operand, da: ir.Value, dj: ir.Value) -> ir.Value:
+                idx = [i64(0)] * len(ext)
+                for d, v in zip(rest, outer, strict=True):
+                    idx[d] = v
+                idx[a], idx[last] = da, dj
+                return gep(b, op.ptr, offset(b, idx, op.strides, op.base))
+
+            zero = ir.Constant(vec(TILE), None)
+            rows = [load_vec(b, at(s, a0, add(b, j0, i64(r))), TILE, na) if r < nj else zero for r in range(TILE)]
+            bit = 1
+            while bit < TILE:
+                for i in (i for i in range(TILE) if not i & bit):
+                    lo = [c if not c & bit else TILE + (c ^ bit) for c in range(TILE)]
+                    hi = [c ^ bit if not c & bit else TILE + c for c in range(TILE)]
+                    rows[i], rows[i | bit] = (b.shuffle_vector(rows[i], rows[i | bit], ir.Constant(
+                        ir.VectorType(ir.IntType(32), TILE), m)) for m in (lo, hi))
+                bit *= 2
+            for r in range(na):
+                store_vec(b, rows[r], at(o, add(b, a0, i64(r)), j0), nj)
+
+        def tiles(a_count: int, a_from: int, na: int, j_count: int, j_from: int, nj: int) -> None:
+            if not (a_count and j_count and na and nj):
+                return
+            with for_range(b, i64(0), i64(a_count), name="ta", unroll=False) as ta, \
+                    for_range(b, i64(0), i64(j_count), name="tj", unroll=False) as tj:
+                tile(add(b, i64(a_from), mul(b, ta, i64(TILE))), add(b, i64(j_from), mul(b, tj, i64(TILE))), na, nj)
+
+        tiles(full_a, 0, TILE, full_j, 0, TILE)
+        tiles(full_a, 0, TILE, 1, full_j * TILE, tail_j)
+        tiles(1, full_a * TILE, tail_a, full_j, 0, TILE)
+        tiles(1, full_a * TILE, tail_a, 1, full_j * TILE, tail_j)
+    return True
 
 
 def copy(ctx: OpCtx) -> None:

@@ -80,6 +80,7 @@ class Outcome:
     anchors: int = 0  # anchor kernels per build
     winograd: int = 0  # of them built as Winograd in the tuned build
     halo: int = 0  # convs handing over padded tensors, over both builds
+    views: int = 0  # batch matmuls reading or writing strided views (stages/build/gemm_views.py), over both builds
     ort_off: int = 0  # int8: builds off onnxruntime but on the ONNX reference (onnxruntime's rounding)
     ulp_off: int = 0  # dynamic int8: builds off every reference by a rounding tie's flip, every kernel right alone
 
@@ -212,7 +213,7 @@ def check(case: Case, workdir: Path, int8: bool = False, family: str = "cnn") ->
     """Import, build (default, then tuned; with `int8`, also the default on the x86-64-avx2 preset), run and
     compare one case (with `int8`, the case quantized: statically, or dynamically for the transformer family)."""
     start = time.perf_counter()
-    facts = {"anchors": 0, "winograd": 0, "halo": 0, "ort_off": 0, "ulp_off": 0}
+    facts = {"anchors": 0, "winograd": 0, "halo": 0, "views": 0, "ort_off": 0, "ulp_off": 0}
 
     def done(status: str, detail: str = "") -> Outcome:
         return Outcome(case.seed, case.index, case.description, status, detail, time.perf_counter() - start, **facts)
@@ -240,7 +241,8 @@ def check(case: Case, workdir: Path, int8: bool = False, family: str = "cnn") ->
             manifest = build_library(graph, target, out, case.threads, log)
             anchors = [op for op in manifest.ops if op.task is not None]
             facts["anchors"] = len(anchors)
-            facts["halo"] += sum(op.layout is not None for op in anchors)
+            facts["halo"] += sum(op.layout is not None and "padded" in op.layout for op in anchors)
+            facts["views"] += sum(op.layout is not None and "strided" in op.layout for op in anchors)
             if schedule == "tuned":
                 facts["winograd"] = sum(op.task.startswith("conv2d_winograd") for op in anchors)
             got = load(out).run(**case.feeds)
