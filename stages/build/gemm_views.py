@@ -22,7 +22,7 @@ from dataclasses import dataclass, replace
 from stages.build.apply_best import Choice
 from stages.graph import epilogue
 from stages.graph.ir import Graph, Node, contiguous_strides
-from stages.graph.passes_views import View, copy_view, reshaped
+from stages.graph.passes_views import View, copy_view, reshaped, transpose_perm
 from stages.templates import batch_matmul
 from stages.templates.batch_matmul import Views
 
@@ -89,7 +89,7 @@ def _input_view(graph: Graph, producer: dict[str, Node], readers: Counter, outpu
 def _output_view(graph: Graph, transpose: Node, shape: tuple[int, ...]) -> tuple[int, tuple[int, ...]] | None:
     """C as a view of the Transpose's output buffer: C's dim `perm[d]` steps by that output's stride `d`."""
     y = graph.values[transpose.inputs[0]].shape
-    perm = [int(p) for p in transpose.attrs.get("perm") or range(len(y) - 1, -1, -1)]
+    perm = transpose_perm(transpose, len(y))
     into = contiguous_strides(graph.values[transpose.outputs[0]].shape)
     strides = [0] * len(y)
     for d, p in enumerate(perm):

@@ -36,7 +36,7 @@ def unit_transposes_to_reshapes(g: Graph) -> None:
         if node.op != "Transpose" or node.inputs[0] not in g.values:
             continue
         shape = g.values[node.inputs[0]].shape
-        perm = _perm(node, len(shape))
+        perm = transpose_perm(node, len(shape))
         if _moves_unit_dims_only(shape, perm):
             node.op, node.attrs = "Reshape", {"shape": [int(shape[d]) for d in perm]}
 
@@ -89,7 +89,7 @@ def compose_copies(g: Graph) -> None:
 def _applied(v: View, node: Node, out: str, out_shape: tuple[int, ...]) -> View:
     """The view `node` makes (as its output `out`) of a tensor that is view `v` of the source."""
     if node.op == "Transpose":
-        perm = _perm(node, len(v.shape))
+        perm = transpose_perm(node, len(v.shape))
         return View(v.base, tuple(v.shape[d] for d in perm), tuple(v.strides[d] for d in perm))
     if node.op == "Slice":
         starts, steps = (node.attrs[k] for k in ("starts", "steps"))
@@ -130,7 +130,8 @@ def _is_contiguous(v: View) -> bool:
     return all(s == c for n, s, c in zip(v.shape, v.strides, contiguous_strides(v.shape), strict=True) if n != 1)
 
 
-def _perm(node: Node, rank: int) -> list[int]:
+def transpose_perm(node: Node, rank: int) -> list[int]:
+    """A Transpose's perm; ONNX's default (no attribute) reverses the dims."""
     return [int(p) for p in node.attrs.get("perm") or range(rank - 1, -1, -1)]
 
 
