@@ -39,6 +39,7 @@ from stages.graph.tasks import extract_tasks  # noqa: E402
 from stages.graph.twins import winograd_serves  # noqa: E402
 from stages.runtime import load  # noqa: E402
 from stages.runtime.compare import random_feeds  # noqa: E402
+from stages.runtime.quiet import settle  # noqa: E402
 
 CLASSES = ("conv 1x1", "conv 3x3", "conv strided", "depthwise 3x3", "depthwise 5x5", "stem 7x7",
            "conv other window", "dense", "pool", "concat/copies", "element-wise")
@@ -153,15 +154,18 @@ def profile_model(name: str, threads: int, runs: int, logs: Path | None, target:
 
 def end_to_end(contenders: dict, threads: int, rounds: int = 8, number: int = 8) -> tuple[dict[str, float], float]:
     """Median ms per call of each contender and the median of per-round tunaflow/onnxruntime ratios, turns
-    interleaved. At 1 thread both run on the calling thread, so this times the thread's CPU time: other
-    processes' load on the shared cores then stretches the wall clock, not the figure (here 19-28 ms wall
-    for 11.4-12.4 ms CPU per call); at more threads, the wall clock."""
+    interleaved, each started once the other's pool threads have stopped spinning (unsettled, EfficientNet-B0
+    at 2 threads read 1.43x onnxruntime here where settled turns read 1.0x). At 1 thread both run on the
+    calling thread, so this times the thread's CPU time: other processes' load on the shared cores then
+    stretches the wall clock, not the figure (here 19-28 ms wall for 11.4-12.4 ms CPU per call); at more
+    threads, the wall clock."""
     clock = time.thread_time if threads == 1 else time.perf_counter
     per: dict[str, list[float]] = {k: [] for k in contenders}
     names = list(contenders)
     for r in range(rounds):
         for name in names[r % len(names):] + names[:r % len(names)]:
             fn = contenders[name]
+            settle()  # the other contender's pool threads spin after its turn: timed now, ours share their cores
             for _ in range(2):
                 fn()
             calls = []
