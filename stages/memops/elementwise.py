@@ -48,7 +48,8 @@ def _fold(f: Callable[[ir.IRBuilder, ir.Value, ir.Value], ir.Value]) -> Combine:
 
 
 def relu(b: ir.IRBuilder, x: ir.Value) -> ir.Value:
-    return b.select(b.fcmp_ordered(">", x, f32(0)), x, f32(0))
+    """max(x, 0) keeping a NaN x (ONNX's definition and onnxruntime's result; `x > 0 ? x : 0` gave 0)."""
+    return b.select(b.fcmp_ordered("<", x, f32(0)), f32(0), x)
 
 
 def _gelu(ctx: OpCtx) -> None:
