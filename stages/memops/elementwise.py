@@ -48,8 +48,8 @@ def _fold(f: Callable[[ir.IRBuilder, ir.Value, ir.Value], ir.Value]) -> Combine:
 
 
 def relu(b: ir.IRBuilder, x: ir.Value) -> ir.Value:
-    """max(x, 0) keeping a NaN x (ONNX's definition and onnxruntime's result; `x > 0 ? x : 0` gave 0)."""
-    return b.select(b.fcmp_ordered("<", x, f32(0)), f32(0), x)
+    """The epilogue's relu: one rule (a NaN kept, as ONNX and onnxruntime give it) fused or not."""
+    return epilogue_op(b, "relu", x)
 
 
 def _gelu(ctx: OpCtx) -> None:
