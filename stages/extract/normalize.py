@@ -366,7 +366,7 @@ def _layer_norm(ins, outs, raw, ctx) -> list[Emit]:
 
 
 def _reduce(opset_input: int):
-    """ReduceSum takes its axes as an input from opset 13, ReduceMean/Max/Min from opset 18."""
+    """ReduceSum takes its axes as an input from opset 13, the other reductions from opset 18."""
     def fn(ins, outs, raw, ctx) -> list[Emit]:
         rank = len(ctx.shape(ins[0]))
         axes = _axes_arg(ins, raw, ctx, opset_input)
@@ -428,6 +428,8 @@ NORMALIZERS: dict[str, Callable[..., list[Emit]]] = {
     "InstanceNormalization": _keep(("epsilon", 1e-5)),
     "Shrink": _keep(("bias", 0.0), ("lambd", 0.5)),
     "ReduceSum": _reduce(13), "ReduceMax": _reduce(18), "ReduceMin": _reduce(18),
+    **{op: _reduce(18) for op in ("ReduceProd", "ReduceL1", "ReduceL2", "ReduceSumSquare", "ReduceLogSum",
+                                  "ReduceLogSumExp")},
     "Gelu": _keep(("approximate", "none")),
     "Clip": _clip, "Conv": _conv, "ConvTranspose": _conv_transpose, "MaxPool": _pool, "AveragePool": _pool,
     "Gemm": _gemm,

@@ -10,7 +10,8 @@ are the importer's normalised ones (the same the library build reads):
   (non-negative), Split also `split` (sizes). Tile: `repeats`. Slice: `starts`, `steps` and
   `sizes` for every axis (element i of an axis is `starts + i * steps`). Pad: `pads` (all begins, then all
   ends), `mode`, `value`. Softmax / LogSoftmax: `axis` (one axis). LayerNormalization: `axis`,
-  `epsilon`. InstanceNormalization: `epsilon`. ReduceMean/Sum/Max/Min: `axes`, `keepdims`.
+  `epsilon`. InstanceNormalization: `epsilon`. ReduceMean/Sum/Max/Min/Prod/L1/L2/SumSquare/LogSum/
+  LogSumExp: `axes`, `keepdims`.
   Clip: `min`, `max`. LeakyRelu, Elu: `alpha`. Selu: `alpha`, `gamma`. HardSigmoid, HardSwish: `alpha`,
   `beta` (HardSwish is x * HardSigmoid(x)). Swish: `alpha`. Shrink: `bias`, `lambd`. LRN: `size`,
   `alpha`, `beta`, `bias`. Gelu: `approximate`. Gemm: `alpha`, `beta`, `transA`, `transB`.
@@ -269,6 +270,14 @@ def _reduction(fn: Callable[..., np.ndarray]) -> OpFn:
     return _unary(lambda x, a: fn(x, axis=tuple(a["axes"]), keepdims=bool(a.get("keepdims", 1))))
 
 
+def _log_sum_exp(x: np.ndarray, axis: tuple[int, ...], keepdims: bool) -> np.ndarray:
+    """log(sum(exp(x))) shifted by the max, so large inputs do not overflow."""
+    top = np.max(x, axis=axis, keepdims=True)
+    top = np.where(np.isfinite(top), top, 0)
+    out = np.log(np.sum(np.exp(x - top), axis=axis, keepdims=True)) + top
+    return out if keepdims else np.squeeze(out, axis=axis)
+
+
 def _elu(x: np.ndarray, alpha: float) -> np.ndarray:
     return np.where(x > 0, x, alpha * np.expm1(np.minimum(x, 0)))
 
@@ -295,7 +304,12 @@ OPS: dict[str, OpFn] = {
     "LogSoftmax": _unary(lambda x, a: np.log(_softmax(x, a["axis"]))),
     "LRN": _unary(_lrn),
     "ReduceMean": _reduction(np.mean), "ReduceSum": _reduction(np.sum), "ReduceMax": _reduction(np.max),
-    "ReduceMin": _reduction(np.min),
+    "ReduceMin": _reduction(np.min), "ReduceProd": _reduction(np.prod),
+    "ReduceL1": _reduction(lambda x, **k: np.sum(np.abs(x), **k)),
+    "ReduceL2": _reduction(lambda x, **k: np.sqrt(np.sum(np.square(x), **k))),
+    "ReduceSumSquare": _reduction(lambda x, **k: np.sum(np.square(x), **k)),
+    "ReduceLogSum": _reduction(lambda x, **k: np.log(np.sum(x, **k))),
+    "ReduceLogSumExp": _reduction(_log_sum_exp),
     "Abs": _unary(lambda x, a: np.abs(x)), "Neg": _unary(lambda x, a: np.negative(x)),
     "Exp": _unary(lambda x, a: np.exp(x)), "Log": _unary(lambda x, a: np.log(x)),
     "Reciprocal": _unary(lambda x, a: 1 / x), "Floor": _unary(lambda x, a: np.floor(x)),

@@ -5,6 +5,7 @@ from __future__ import annotations
 import functools
 import math
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import numpy as np
 from llvmlite import ir
@@ -41,9 +42,33 @@ from stages.memops.loops import (
 from stages.memops.opctx import OpCtx
 from stages.templates.epilogue import exp_f32
 
-_INIT = {"sum": 0.0, "mean": 0.0, "max": -math.inf, "min": math.inf}
+_INIT = {"sum": 0.0, "mean": 0.0, "max": -math.inf, "min": math.inf, "prod": 1.0}
 _COMBINE = {"sum": fadd_reassoc, "mean": fadd_reassoc, "max": select_max,
-            "min": select_min}
+            "min": select_min, "prod": lambda b, x, y: b.fmul(x, y)}
+
+
+@dataclass(frozen=True)
+class Reduction:
+    """An ONNX reduction as a map of each element, a combine (`_COMBINE`), then a map of each result:
+    ReduceL2 is sqrt(sum(x * x)), ReduceLogSum log(sum(x))."""
+
+    combine: str
+    pre: Callable[[ir.IRBuilder, ir.Value], ir.Value] | None = None
+    post: Callable[[ir.IRBuilder, ir.Value], ir.Value] | None = None
+
+
+def _square(b: ir.IRBuilder, x: ir.Value) -> ir.Value:
+    return b.fmul(x, x)
+
+
+REDUCTIONS = {
+    "ReduceMean": Reduction("mean"), "ReduceSum": Reduction("sum"), "ReduceMax": Reduction("max"),
+    "ReduceMin": Reduction("min"), "ReduceProd": Reduction("prod"),
+    "ReduceL1": Reduction("sum", pre=lambda b, x: call_f32(b, "llvm.fabs", x)),
+    "ReduceL2": Reduction("sum", pre=_square, post=lambda b, x: call_f32(b, "llvm.sqrt", x)),
+    "ReduceSumSquare": Reduction("sum", pre=_square),
+    "ReduceLogSum": Reduction("sum", post=lambda b, x: call_f32(b, "llvm.log", x)),
+}
 
 
 def _load(b: ir.IRBuilder, ptr: ir.Value, off: ir.Value) -> ir.Value:
@@ -54,29 +79,31 @@ def _store(b: ir.IRBuilder, v: ir.Value, ptr: ir.Value, off: ir.Value) -> None:
     b.store(v, gep(b, ptr, off), align=4)
 
 
-def reduce_axes(ctx: OpCtx, kind: str, axes: list[int]) -> None:
+def reduce_axes(ctx: OpCtx, kind: str | Reduction, axes: list[int]) -> None:
     """out = reduce over `axes` of the input (keepdims or not: the output buffer is the same)."""
+    r = Reduction(kind) if isinstance(kind, str) else kind
     shape = ctx.in_shape()
     axes = sorted({a + len(shape) if a < 0 else a for a in axes})
     kept = tuple(1 if d in axes else s for d, s in enumerate(shape))
     n_out = math.prod(kept)
-    if kind in ("sum", "mean") and axes == list(range(len(shape) - len(axes), len(shape))):
-        n = math.prod(shape) // n_out  # the trailing axes: each output sums one contiguous row
-        _sum_rows(ctx, n_out, n, 1 / n if kind == "mean" else 1)
-        return
+    count = math.prod(shape) // n_out
     out, flat = ctx.out(), Operand(ctx.out(), (1,))
-    emit_map(ctx.b, (n_out,), flat, [], lambda b, v: f32(_INIT[kind]))
-    acc = Operand(out, broadcast_strides(kept, shape))
-    combine = _COMBINE[kind]
-    emit_map(ctx.b, shape, acc, [acc, Operand(ctx.inp(), contiguous_strides(shape))],
-             lambda b, v: combine(b, v[0], v[1]))
-    if kind == "mean":
-        count = math.prod(shape) // n_out
-        emit_map(ctx.b, (n_out,), flat, [flat], lambda b, v: b.fmul(v[0], f32(1 / count)))
+    if r.combine in ("sum", "mean") and r.pre is None and axes == list(range(len(shape) - len(axes), len(shape))):
+        _sum_rows(ctx, n_out, count, 1 / count if r.combine == "mean" else 1)  # each output sums a contiguous row
+    else:
+        emit_map(ctx.b, (n_out,), flat, [], lambda b, v: f32(_INIT[r.combine]))
+        acc = Operand(out, broadcast_strides(kept, shape))
+        combine, pre = _COMBINE[r.combine], r.pre or (lambda b, x: x)
+        emit_map(ctx.b, shape, acc, [acc, Operand(ctx.inp(), contiguous_strides(shape))],
+                 lambda b, v: combine(b, v[0], pre(b, v[1])))
+        if r.combine == "mean":
+            emit_map(ctx.b, (n_out,), flat, [flat], lambda b, v: b.fmul(v[0], f32(1 / count)))
+    if r.post is not None:
+        emit_map(ctx.b, (n_out,), flat, [flat], lambda b, v: r.post(b, v[0]))
 
 
-def _reduce(kind: str) -> Callable[[OpCtx], None]:
-    return lambda ctx: reduce_axes(ctx, kind, [int(a) for a in ctx.attr("axes")])
+def _reduce(op: str) -> Callable[[OpCtx], None]:
+    return lambda ctx: reduce_axes(ctx, REDUCTIONS[op], [int(a) for a in ctx.attr("axes")])
 
 
 def _global(kind: str) -> Callable[[OpCtx], None]:
@@ -474,10 +501,7 @@ OPS: dict[str, Callable[[OpCtx], None]] = {
     "AveragePool": _pool("avg"),
     "GlobalAveragePool": _global("mean"),
     "GlobalMaxPool": _global("max"),
-    "ReduceMean": _reduce("mean"),
-    "ReduceSum": _reduce("sum"),
-    "ReduceMax": _reduce("max"),
-    "ReduceMin": _reduce("min"),
+    **{op: _reduce(op) for op in REDUCTIONS},
     "Softmax": _softmax(log=False),
     "LogSoftmax": _softmax(log=True),
     "LayerNormalization": layer_norm,
