@@ -262,3 +262,39 @@ def test_a_wrong_kernel_still_fails_against_the_float64_evaluation(model, tmp_pa
     with pytest.raises(VerifyError, match=r"output 'y' is off by 0\.[1-9]\d* of its max abs reference value "
                                           r"\(tolerance 0\.02\)"):
         _build(model, tmp_path / "lib")
+
+
+def _vanishing_model(path: Path, gain: float) -> Path:
+    """x * 1e-20 -> conv (weights * `gain`) -> conv: with gain 1e-19 the products are float32 denormals, which the
+    library flushes to zero and onnxruntime keeps (an untrained MobileViT's activations fall as low)."""
+    rng = np.random.default_rng(4)
+    w = [helper.make_tensor(n, TensorProto.FLOAT, (4, 4, 3, 3), (rng.standard_normal((4, 4, 3, 3)) * g)
+                            .astype(np.float32).ravel()) for n, g in (("w1", gain), ("w2", 1.0))]
+    nodes = [helper.make_node("Mul", ["x", "tiny"], ["t"]), helper.make_node("Conv", ["t", "w1"], ["c"], pads=[1] * 4),
+             helper.make_node("Conv", ["c", "w2"], ["y"], pads=[1] * 4, name="second")]
+    graph = helper.make_graph(nodes, "vanish", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4, 8, 8])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4, 8, 8])],
+                              [*w, helper.make_tensor("tiny", TensorProto.FLOAT, (), [1e-20])])
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), path)
+    return path
+
+
+def test_outputs_that_vanish_into_denormals_pass_within_the_flush_floor(tmp_path, monkeypatch):
+    """The reference's outputs here are ~1e-38, the library's 0: float32 cannot tell them apart once denormals
+    are flushed, so the check allows 1e-30 absolute there (it once failed the build, blaming a conv)."""
+    path = _vanishing_model(tmp_path / "vanish.onnx", 1e-19)
+    import onnxruntime as ort
+
+    x = np.random.default_rng(0).standard_normal((1, 4, 8, 8)).astype(np.float32)
+    want = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
+    assert 0 < np.abs(want).max() < 1e-36
+    manifest, v = _build(path, tmp_path / "lib")
+    assert v.status == "passed" and v.max_error < REL_TOL
+    scaled = tmp_path / "normal"  # the same chain at a normal scale, one kernel broken: still a failure
+    scaled.mkdir()
+    _vanishing_model(scaled / "m.onnx", 1e19)
+    original = conv2d.kernel_args
+    monkeypatch.setattr(conv2d, "kernel_args", lambda task, knobs, inputs, **kw: [
+        a * 1.5 if i == 1 else a for i, a in enumerate(original(task, knobs, inputs, **kw))])
+    with pytest.raises(VerifyError, match="First diverging node"):
+        _build(scaled / "m.onnx", scaled / "lib")
