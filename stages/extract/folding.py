@@ -79,11 +79,67 @@ def _range(raw: dict, args: list[np.ndarray], ctx: Ctx) -> np.ndarray:
     return np.arange(start, limit, delta, dtype=args[0].dtype)
 
 
+_SCATTER = {"none": None, "add": np.add, "mul": np.multiply, "max": np.maximum, "min": np.minimum}
+
+
+def _scatter_nd(raw: dict, args: list[np.ndarray], ctx: Ctx) -> np.ndarray:
+    """ONNX ScatterND: data with the slices `indices` names replaced by (or reduced with) `updates`. Swin's
+    shifted-window attention mask is built this way, from constants only."""
+    data, indices, updates = args
+    reduction = raw.get("reduction", b"none")
+    reduction = reduction.decode() if isinstance(reduction, bytes) else str(reduction)
+    k = indices.shape[-1] if indices.ndim else 0
+    if reduction not in _SCATTER or indices.ndim < 1 or k > data.ndim or \
+            updates.shape != indices.shape[:-1] + data.shape[k:]:
+        raise ModelError(f"ScatterND {ctx.node!r}: data {list(data.shape)}, indices {list(indices.shape)}, updates "
+                         f"{list(updates.shape)} and reduction {reduction!r} do not fit ONNX's ScatterND")
+    out = data.copy()
+    flat = indices.reshape(-1, k).astype(np.int64)
+    if ((flat < -np.array(data.shape[:k])) | (flat >= np.array(data.shape[:k]))).any():
+        raise ModelError(f"ScatterND {ctx.node!r}: an index is out of range for data {list(data.shape)}")
+    rows = updates.reshape(len(flat), *data.shape[k:])
+    combine = _SCATTER[reduction]
+    for idx, row in zip(flat, rows, strict=True):
+        at = tuple(int(i) for i in idx)
+        out[at] = row if combine is None else combine(out[at], row)
+    return out
+
+
+def _scatter_elements(raw: dict, args: list[np.ndarray], ctx: Ctx) -> np.ndarray:
+    """ONNX ScatterElements: data with updates[i] written (or reduced) at data[..., indices[i], ...] along
+    `axis`. BEiT's relative position index is built this way (select_scatter), from constants only."""
+    data, indices, updates = args
+    reduction = raw.get("reduction", b"none")
+    reduction = reduction.decode() if isinstance(reduction, bytes) else str(reduction)
+    axis = int(raw.get("axis", 0))
+    if reduction not in _SCATTER or indices.shape != updates.shape or indices.ndim != data.ndim or \
+            not -data.ndim <= axis < data.ndim or any(i > d for i, d in zip(indices.shape, data.shape, strict=True)):
+        raise ModelError(f"ScatterElements {ctx.node!r}: data {list(data.shape)}, indices {list(indices.shape)}, "
+                         f"updates {list(updates.shape)}, axis {axis} and reduction {reduction!r} do not fit ONNX's "
+                         "ScatterElements")
+    axis %= data.ndim
+    idx = indices.astype(np.int64)
+    if ((idx < -data.shape[axis]) | (idx >= data.shape[axis])).any():
+        raise ModelError(f"ScatterElements {ctx.node!r}: an index is out of range for axis {axis} of size "
+                         f"{data.shape[axis]}")
+    where = list(np.indices(indices.shape, sparse=True))
+    where[axis] = np.where(idx < 0, idx + data.shape[axis], idx)
+    out = data.copy()
+    combine = _SCATTER[reduction]
+    if combine is None:
+        out[tuple(where)] = updates
+    else:
+        combine.at(out, tuple(where), updates)
+    return out
+
+
 # Ops that exist only to compute constants: they are evaluated at import and must have constant inputs.
 FOLD_ONLY: dict[str, tuple[Planner, Folder]] = {
     "Constant": (lambda raw, args, ctx: None, _constant),
     "ConstantOfShape": (_plan_const_of_shape, _const_of_shape),
     "Range": (_plan_range, _range),
+    "ScatterND": (lambda raw, args, ctx: [(args[0].shape, args[0].dtype)], _scatter_nd),
+    "ScatterElements": (lambda raw, args, ctx: [(args[0].shape, args[0].dtype)], _scatter_elements),
 }
 
 
@@ -99,6 +155,8 @@ def scratch(op: str, shapes: list[Shape], attrs: dict, outputs: list[Shape]) -> 
         (n, _, h, w), (_, _, kh, kw) = shapes[0], shapes[1]
         (sh, sw), (dh, dw), (eh, ew) = attrs["strides"], attrs["dilations"], attrs["output_padding"]
         return [(n, outputs[0][1], sh * (h - 1) + eh + (kh - 1) * dh + 1, sw * (w - 1) + ew + (kw - 1) * dw + 1)]
+    if op == "Resize":  # resampled along H first, then W
+        return [(*shapes[0][:2], outputs[0][2], shapes[0][3]), *outputs]
     if op == "LRN":
         x = shapes[0]
         return [(x[0], x[1] + int(attrs["size"]) - 1, *x[2:])]

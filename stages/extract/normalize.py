@@ -417,7 +417,9 @@ def _lrn(ins, outs, raw, ctx) -> list[Emit]:
 NORMALIZERS: dict[str, Callable[..., list[Emit]]] = {
     **{op: _plain for op in ("Relu", "Sigmoid", "Tanh", "Erf", "Sqrt", "Sum", "MatMul", "GlobalAveragePool",
                              "GlobalMaxPool", "Abs", "Neg", "Exp", "Log", "Reciprocal", "Floor", "Ceil", "Sign",
-                             "Softplus", "Softsign", "Max", "Min", "Mean")},
+                             "Softplus", "Softsign", "Max", "Min", "Mean", "Sin", "Cos", "Tan", "Asin", "Acos",
+                             "Atan", "Sinh", "Cosh", "Asinh", "Acosh", "Atanh")},
+    "Mod": _keep(("fmod", 0)),
     **{op: _binary for op in ("Add", "Sub", "Mul", "Div", "Pow")},
     "LeakyRelu": _keep(("alpha", 0.01)),
     "Elu": _keep(("alpha", 1.0)), "PRelu": _prelu, "Tile": _tile,

@@ -30,7 +30,9 @@ from stages.extract.external import read_model
 from stages.extract.folding import FOLD_ONLY, scratch
 from stages.extract.normalize import NORMALIZERS as FLOAT_NORMALIZERS
 from stages.extract.normalize import Ctx
+from stages.extract.normalize_einsum import EINSUM_NORMALIZERS
 from stages.extract.normalize_index import INDEX_NORMALIZERS
+from stages.extract.normalize_resize import RESIZE_NORMALIZERS
 from stages.extract.quant import QUANT_NORMALIZERS, keep_unfolded
 from stages.extract.shapes import SHAPES, infer
 from stages.extract.weights import has_data
@@ -46,7 +48,8 @@ SHAPE_ONLY: dict[str, Callable[[dict, tuple[int, ...]], np.ndarray]] = {
     "Size": lambda raw, shape: np.array(math.prod(shape), dtype=np.int64),
 }
 ALIASES = ("Identity", "Dropout")
-NORMALIZERS = {**FLOAT_NORMALIZERS, **INDEX_NORMALIZERS, **QUANT_NORMALIZERS}
+NORMALIZERS = {**FLOAT_NORMALIZERS, **INDEX_NORMALIZERS, **RESIZE_NORMALIZERS, **EINSUM_NORMALIZERS,
+               **QUANT_NORMALIZERS}
 SUPPORTED = sorted({*NORMALIZERS, *FOLD_ONLY, *SHAPE_ONLY, *ALIASES})
 
 
@@ -237,6 +240,7 @@ def _import_node(op: str, name: str, ins: list[str], outs: list[str], raw: dict,
             budget.spend([value])
         _set_const(ctx, outs[0], value)
         return
+    emitted: dict[str, int] = {}  # node names this ONNX node has given, so two Reshapes of one Einsum differ
     for new_op, new_ins, new_outs, attrs in NORMALIZERS[op](ins, outs, raw, ctx):
         live_ins = [i for i in new_ins if i]
         if all(i in ctx.consts for i in live_ins) and not keep_unfolded(new_op, attrs):
@@ -251,8 +255,10 @@ def _import_node(op: str, name: str, ins: list[str], outs: list[str], raw: dict,
             ctx.shapes[out], ctx.dtypes[out] = shape, dtype
         for shape in scratch(new_op, in_shapes, attrs, shapes):  # what verifying it with the reference makes
             budget.tensor(f"{op} {name!r}", shape, "scratch array")
-        suffix = "" if len(new_outs) == len(outs) and new_outs[0] == outs[0] else f"/{new_op}"
-        nodes.append(Node(name=name + suffix, op=new_op, inputs=live_ins, outputs=list(new_outs), attrs=attrs))
+        base = name + ("" if len(new_outs) == len(outs) and new_outs[0] == outs[0] else f"/{new_op}")
+        emitted[base] = emitted.get(base, 0) + 1
+        nodes.append(Node(name=base + (f"#{emitted[base]}" if emitted[base] > 1 else ""), op=new_op, inputs=live_ins,
+                          outputs=list(new_outs), attrs=attrs))
 
 
 def _fold_normalised(op: str, name: str, new_op: str, outs: list[str], args: list[np.ndarray], attrs: dict,

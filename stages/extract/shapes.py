@@ -120,7 +120,8 @@ SHAPES: dict[str, Callable[[list[Shape], dict], list[Shape]]] = {
                             "Floor", "Ceil", "Sign", "Softplus", "Softsign", "Elu", "Selu", "HardSigmoid", "Shrink",
                             "HardSwish", "Swish",
                             "InstanceNormalization")},
-    **{op: _broadcast for op in ("Add", "Sub", "Mul", "Div", "Pow", "Sum", "Max", "Min", "Mean", "PRelu")},
+    **{op: _broadcast for op in ("Add", "Sub", "Mul", "Div", "Pow", "Sum", "Max", "Min", "Mean", "PRelu", "Mod")},
+    **{op: _same for op in ("Sin", "Cos", "Tan", "Asin", "Acos", "Atan", "Sinh", "Cosh", "Asinh", "Acosh", "Atanh")},
     "Conv": _conv, "ConvTranspose": _conv_transpose, "MaxPool": _pool, "AveragePool": _pool, "MatMul": _matmul,
     "Gemm": _gemm, "BatchNormalization": _batch_norm,
     **{op: (lambda s, a: [s[0][:2] + (1,) * (len(s[0]) - 2)]) for op in ("GlobalAveragePool", "GlobalMaxPool")},
@@ -135,6 +136,7 @@ SHAPES: dict[str, Callable[[list[Shape], dict], list[Shape]]] = {
     **{op: _broadcast for op in ("Equal", "Less", "Greater", "LessOrEqual", "GreaterOrEqual", "And", "Or", "Xor",
                                  "Where")},
     "Expand": lambda s, a: [tuple(a["shape"])],
+    "Resize": lambda s, a: [tuple(a["sizes"])],
     "Gather": _gather, "GatherND": _gather_nd, "GatherElements": lambda s, a: [s[1]],
 }
 

@@ -16,7 +16,8 @@ are the importer's normalised ones (the same the library build reads):
   `beta` (HardSwish is x * HardSigmoid(x)). Swish: `alpha`. Shrink: `bias`, `lambd`. LRN: `size`,
   `alpha`, `beta`, `bias`. Gelu: `approximate`. Gemm: `alpha`, `beta`, `transA`, `transB`.
   BatchNormalization: `epsilon`. ConvTranspose: `strides`, `dilations`, `pads` (top, left, bottom,
-  right), `output_padding`, `group`.
+  right), `output_padding`, `group`. Resize: `mode`, `coordinate_transformation_mode`, `nearest_mode`,
+  `scales`, `sizes` (stages/graph/reference_resize.py).
 - Anchors (`conv2d`, `dense`, `matmul`, `batch_matmul`) carry a `TuningTask`; their node inputs
   are the task inputs in order (X, W, then the epilogue tensors) and their tensors may be
   contiguous reshapes of the task's specs (a dense over [1, S, K] activations has X spec (S, K)).
@@ -35,6 +36,7 @@ from stages.graph.epilogue import apply_reference
 from stages.graph.ir import Graph, Node
 from stages.graph.reference_index import INDEX_OPS
 from stages.graph.reference_quant import QUANT_OPS
+from stages.graph.reference_resize import RESIZE_OPS
 from stages.graph.reference_transformer import TRANSFORMER_OPS, add_layer_norm
 
 OpFn = Callable[[list[np.ndarray], dict], list[np.ndarray]]
@@ -312,6 +314,10 @@ OPS: dict[str, OpFn] = {
     "ReduceLogSumExp": _reduction(_log_sum_exp),
     "Abs": _unary(lambda x, a: np.abs(x)), "Neg": _unary(lambda x, a: np.negative(x)),
     "Exp": _unary(lambda x, a: np.exp(x)), "Log": _unary(lambda x, a: np.log(x)),
+    **{op: _unary(lambda x, a, f=getattr(np, f): f(x)) for op, f in (
+        ("Sin", "sin"), ("Cos", "cos"), ("Tan", "tan"), ("Asin", "arcsin"), ("Acos", "arccos"), ("Atan", "arctan"),
+        ("Sinh", "sinh"), ("Cosh", "cosh"), ("Asinh", "arcsinh"), ("Acosh", "arccosh"), ("Atanh", "arctanh"))},
+    "Mod": lambda args, a: [_same(args[0], (np.fmod if a.get("fmod", 0) else np.mod)(args[0], args[1]))],
     "Reciprocal": _unary(lambda x, a: 1 / x), "Floor": _unary(lambda x, a: np.floor(x)),
     "Ceil": _unary(lambda x, a: np.ceil(x)), "Sign": _unary(lambda x, a: np.sign(x)),
     "Softplus": _unary(lambda x, a: np.logaddexp(0, x)), "Softsign": _unary(lambda x, a: x / (1 + np.abs(x))),
@@ -347,5 +353,6 @@ OPS: dict[str, OpFn] = {
     "BatchNormalization": _batch_norm,
     **INDEX_OPS,
     **QUANT_OPS,
+    **RESIZE_OPS,
     **TRANSFORMER_OPS,
 }

@@ -168,6 +168,8 @@ def batch_norm(ctx: OpCtx) -> None:
              lambda b, v: b.fadd(b.fmul(v[0], v[1]), v[2]))
 
 
+TRIG = ("Sin", "Cos", "Tan", "Asin", "Acos", "Atan", "Sinh", "Cosh", "Asinh", "Acosh", "Atanh")
+
 OPS: dict[str, Callable[[OpCtx], None]] = {
     "Relu": _unary(relu),
     "Sigmoid": _unary(lambda b, x: epilogue_op(b, "sigmoid", x)),
@@ -181,6 +183,7 @@ OPS: dict[str, Callable[[OpCtx], None]] = {
     "Reciprocal": _unary(lambda b, x: b.fdiv(f32(1), x)),
     "Floor": _unary(lambda b, x: call_f32(b, "llvm.floor.f32", x)),
     "Ceil": _unary(lambda b, x: call_f32(b, "llvm.ceil.f32", x)),
+    **{op: _unary(lambda b, x, f=f"{op.lower()}f": call_f32(b, f, x)) for op in TRIG},  # libm: RoPE's sin/cos
     "Softplus": _unary(_softplus),
     "Softsign": _unary(lambda b, x: b.fdiv(x, b.fadd(f32(1), call_f32(b, "llvm.fabs.f32", x)))),
     "Sign": _unary(_sign),

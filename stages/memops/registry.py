@@ -10,12 +10,24 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from stages.memops import attention, conv_transpose, elementwise, indexing, layout, quant, quant_islands, reduce, typed
+from stages.memops import (
+    attention,
+    conv_transpose,
+    elementwise,
+    indexing,
+    layout,
+    quant,
+    quant_islands,
+    reduce,
+    resize,
+    typed,
+)
 from stages.memops.opctx import OpCtx, UnsupportedOp
 
 Generator = Callable[[OpCtx], None]
 FLOAT_OPS: dict[str, Generator] = {**elementwise.OPS, **reduce.OPS, **conv_transpose.OPS, **attention.OPS}
-ANY_TYPE: dict[str, Generator] = {**layout.OPS, **typed.TYPED_OPS, **indexing.OPS, **quant.OPS, **quant_islands.OPS}
+ANY_TYPE: dict[str, Generator] = {**layout.OPS, **typed.TYPED_OPS, **indexing.OPS, **quant.OPS, **quant_islands.OPS,
+                                  **resize.OPS}
 OPS: dict[str, Generator] = {**FLOAT_OPS, **ANY_TYPE}
 ALIASES = layout.ALIASES
 
