@@ -1,0 +1,69 @@
+"""Dilated convs whose window reaches past the image: taps that read only padding are dropped, exactly."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+from onnx import TensorProto, helper
+
+from schemas import Target
+from stages.build.library import build_library
+from stages.extract import load_model
+from stages.graph import reference
+from stages.graph.passes import optimize
+from stages.graph.passes_conv import prune_padding_taps
+from stages.runtime import load
+
+
+def _conv_model(path, size: tuple[int, int], k: tuple[int, int], stride: tuple[int, int], dil: tuple[int, int],
+                pads: list[int], seed: int = 0) -> np.ndarray:
+    rng = np.random.default_rng(seed)
+    w = rng.standard_normal((4, 3, *k)).astype(np.float32)
+    b = rng.standard_normal(4).astype(np.float32)
+    nodes = [helper.make_node("Conv", ["x", "w", "b"], ["c"], strides=list(stride), dilations=list(dil), pads=pads),
+             helper.make_node("Relu", ["c"], ["y"])]
+    graph = helper.make_graph(nodes, "dil", [helper.make_tensor_value_info("x", TensorProto.FLOAT, (1, 3, *size))],
+                              [helper.make_empty_tensor_value_info("y")],
+                              [onnx.numpy_helper.from_array(w, "w"), onnx.numpy_helper.from_array(b, "b")])
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), path)
+    return rng.standard_normal((1, 3, *size)).astype(np.float32)
+
+
+@pytest.mark.parametrize("dilation,kernel", [(24, (1, 1)), (36, (1, 1)), (12, (3, 3)), (8, (3, 3))])
+def test_aspp_taps_outside_a_14x14_map_are_dropped_and_the_output_kept(tmp_path, dilation, kernel):
+    """DeepLabV3's ASPP: 3x3 at dilation d padded by d on 14x14. From d = 14 on only the centre tap reads the
+    image; at 12 the outer taps still reach 2 rows and columns, so the kernel stays whole."""
+    x = _conv_model(tmp_path / "m.onnx", (14, 14), (3, 3), (1, 1), (dilation, dilation), [dilation] * 4)
+    graph = optimize(load_model(tmp_path / "m.onnx"))
+    (conv,) = [n for n in graph.nodes if n.op == "conv2d"]
+    assert conv.task.inputs[1].shape[2:] == kernel
+    build_library(graph, Target.host(), tmp_path / "lib", 1, None)
+    want = ort.InferenceSession(str(tmp_path / "m.onnx"), providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
+    np.testing.assert_allclose(load(tmp_path / "lib").run(x=x)["y"], want, rtol=1e-5, atol=1e-5)
+
+
+def test_random_windows_keep_every_output_exactly(tmp_path):
+    """Sizes, kernels, strides, dilations and asymmetric pads drawn at random: the graph after the pass computes
+    what it did before (tunaflow's interpreter on both), and some cases do drop taps."""
+    rng = np.random.default_rng(7)
+    pruned = 0
+    for case in range(60):
+        size = tuple(int(v) for v in rng.integers(1, 12, 2))
+        k = tuple(int(v) for v in rng.integers(1, 6, 2))
+        dil = tuple(int(v) for v in rng.integers(1, 9, 2))
+        stride = tuple(int(v) for v in rng.integers(1, 4, 2))
+        pads = [int(v) for v in rng.integers(0, 20, 4)]
+        if any(size[i] + pads[i] + pads[i + 2] < dil[i] * (k[i] - 1) + 1 for i in range(2)):
+            continue
+        path = tmp_path / f"c{case}.onnx"
+        x = _conv_model(path, size, k, stride, dil, pads, seed=case)
+        graph = load_model(path)
+        before = reference.run(graph, {"x": x})
+        prune_padding_taps(graph)
+        (conv,) = [n for n in graph.nodes if n.op == "Conv"]
+        pruned += graph.constants[conv.inputs[1]].shape[2:] != k
+        np.testing.assert_allclose(reference.run(graph, {"x": x})["y"], before["y"], rtol=1e-5, atol=1e-5,
+                                   err_msg=f"size {size} k {k} stride {stride} dilation {dil} pads {pads}")
+    assert pruned >= 10
