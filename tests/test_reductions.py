@@ -14,6 +14,7 @@ import pytest
 from onnx import TensorProto, helper
 
 from schemas import Target
+from schemas.errors import ModelError
 from stages.build.library import build_library
 from stages.extract import load_model
 from stages.graph.passes import optimize
@@ -94,3 +95,15 @@ def test_a_run_time_log_sum_exp_is_refused_by_name(tmp_path):
     onnx.save(model, tmp_path / "m.onnx")
     with pytest.raises(Exception, match=r"ReduceLogSumExp.*ReduceLogSumExp_0"):
         build_library(optimize(load_model(tmp_path / "m.onnx")), Target.host(), tmp_path / "lib", 1, None)
+
+
+@pytest.mark.parametrize("op,axes", [("ReduceL2", [7]), ("ReduceMean", [-5]), ("ReduceSum", [4])])
+def test_an_axis_outside_the_tensor_is_refused_naming_the_node(tmp_path, op, axes):
+    """ReduceL2 over axis 7 of a 4-D tensor once built a library (onnxruntime refuses the model)."""
+    nodes = [helper.make_node(op, ["x", "axes"], ["y"], name="bad")]
+    graph = helper.make_graph(nodes, "m", [helper.make_tensor_value_info("x", TensorProto.FLOAT, SHAPE)],
+                              [helper.make_empty_tensor_value_info("y")],
+                              [helper.make_tensor("axes", TensorProto.INT64, (1,), axes)])
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)]), tmp_path / "m.onnx")
+    with pytest.raises(ModelError, match=rf"{op} 'bad' is malformed: axis {axes[0]} is out of range for a rank-4"):
+        load_model(tmp_path / "m.onnx")

@@ -62,7 +62,12 @@ class Ctx:
         return f"{base}__tf{self.counter[0]}"
 
 
-def _axis(axis: int, rank: int) -> int:
+def _axis(axis: int, rank: int, past_end: bool = False) -> int:
+    """`axis` counted from 0; ValueError (the importer names the node) outside [-rank, rank), or up to rank
+    inclusive with `past_end` (Flatten's split point): ReduceL2 over axis 7 of a 4-D tensor once built."""
+    top = rank + 1 if past_end else rank
+    if not -rank <= axis < top:
+        raise ValueError(f"axis {axis} is out of range for a rank-{rank} tensor")
     return axis + rank if axis < 0 else axis
 
 
@@ -203,7 +208,7 @@ def _reshape(ins, outs, raw, ctx) -> list[Emit]:
 
 def _flatten(ins, outs, raw, ctx) -> list[Emit]:
     src = ctx.shape(ins[0])
-    axis = _axis(int(raw.get("axis", 1)), len(src))
+    axis = _axis(int(raw.get("axis", 1)), len(src), past_end=True)
     return [("Flatten", ins[:1], outs[:1], {"shape": [math.prod(src[:axis]), math.prod(src[axis:])]})]
 
 
