@@ -1,4 +1,5 @@
-"""Dilated convs whose window reaches past the image: taps that read only padding are dropped, exactly."""
+"""Dilated convs whose window reaches past the image: taps that read only padding are dropped, and a conv whose
+taps mostly read padding is split into one 1x1 conv per tap over the outputs it reaches; both exactly."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ from stages.build.library import build_library
 from stages.extract import load_model
 from stages.graph import reference
 from stages.graph.passes import optimize
-from stages.graph.passes_conv import prune_padding_taps
+from stages.graph.passes_conv import prune_padding_taps, split_sparse_taps
 from stages.runtime import load
 
 
@@ -31,14 +32,16 @@ def _conv_model(path, size: tuple[int, int], k: tuple[int, int], stride: tuple[i
     return rng.standard_normal((1, 3, *size)).astype(np.float32)
 
 
-@pytest.mark.parametrize("dilation,kernel", [(24, (1, 1)), (36, (1, 1)), (12, (3, 3)), (8, (3, 3))])
-def test_aspp_taps_outside_a_14x14_map_are_dropped_and_the_output_kept(tmp_path, dilation, kernel):
+@pytest.mark.parametrize("dilation,kernels", [(24, [(1, 1)]), (36, [(1, 1)]), (12, [(1, 1)] * 9), (2, [(3, 3)])])
+def test_aspp_taps_outside_a_14x14_map_are_dropped_and_the_output_kept(tmp_path, dilation, kernels):
     """DeepLabV3's ASPP: 3x3 at dilation d padded by d on 14x14. From d = 14 on only the centre tap reads the
-    image; at 12 the outer taps still reach 2 rows and columns, so the kernel stays whole."""
+    image (one 1x1 conv); at 12 the outer taps reach 2 rows or columns (18% of the multiplies read the image:
+    nine 1x1 convs, summed in their epilogues); at 2 every tap reaches most outputs (the conv stays whole)."""
     x = _conv_model(tmp_path / "m.onnx", (14, 14), (3, 3), (1, 1), (dilation, dilation), [dilation] * 4)
     graph = optimize(load_model(tmp_path / "m.onnx"))
-    (conv,) = [n for n in graph.nodes if n.op == "conv2d"]
-    assert conv.task.inputs[1].shape[2:] == kernel
+    convs = [n for n in graph.nodes if n.op == "conv2d"]
+    assert [c.task.inputs[1].shape[2:] for c in convs] == kernels
+    assert all(n.op in ("conv2d", "Slice") for n in graph.nodes)  # the sums and the relu run in epilogues
     build_library(graph, Target.host(), tmp_path / "lib", 1, None)
     want = ort.InferenceSession(str(tmp_path / "m.onnx"), providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
     np.testing.assert_allclose(load(tmp_path / "lib").run(x=x)["y"], want, rtol=1e-5, atol=1e-5)
@@ -48,7 +51,7 @@ def test_random_windows_keep_every_output_exactly(tmp_path):
     """Sizes, kernels, strides, dilations and asymmetric pads drawn at random: the graph after the pass computes
     what it did before (tunaflow's interpreter on both), and some cases do drop taps."""
     rng = np.random.default_rng(7)
-    pruned = 0
+    pruned = split = 0
     for case in range(60):
         size = tuple(int(v) for v in rng.integers(1, 12, 2))
         k = tuple(int(v) for v in rng.integers(1, 6, 2))
@@ -66,4 +69,21 @@ def test_random_windows_keep_every_output_exactly(tmp_path):
         pruned += graph.constants[conv.inputs[1]].shape[2:] != k
         np.testing.assert_allclose(reference.run(graph, {"x": x})["y"], before["y"], rtol=1e-5, atol=1e-5,
                                    err_msg=f"size {size} k {k} stride {stride} dilation {dil} pads {pads}")
-    assert pruned >= 10
+        split_sparse_taps(graph)
+        split += sum(n.op == "Conv" for n in graph.nodes) > 1
+        np.testing.assert_allclose(reference.run(graph, {"x": x})["y"], before["y"], rtol=1e-5, atol=1e-5,
+                                   err_msg=f"split: size {size} k {k} stride {stride} dilation {dil} pads {pads}")
+    assert pruned >= 10 and split >= 10
+
+
+@pytest.mark.parametrize("size,k,stride,dil,pads", [((10, 9), (3, 3), (2, 2), (6, 5), [6, 5, 7, 4]),
+                                                     ((7, 12), (3, 5), (1, 2), (5, 4), [5, 9, 3, 8]),
+                                                     ((28, 28), (3, 3), (1, 1), (24, 24), [24, 24, 24, 24])])
+def test_split_taps_build_and_match_onnxruntime(tmp_path, size, k, stride, dil, pads):
+    """Strided, asymmetric and rectangular windows through the built library (the Slices of the split)."""
+    x = _conv_model(tmp_path / "m.onnx", size, k, stride, dil, pads)
+    graph = optimize(load_model(tmp_path / "m.onnx"))
+    assert sum(n.op == "conv2d" for n in graph.nodes) > 1
+    build_library(graph, Target.host(), tmp_path / "lib", 2, None)
+    want = ort.InferenceSession(str(tmp_path / "m.onnx"), providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
+    np.testing.assert_allclose(load(tmp_path / "lib").run(x=x)["y"], want, rtol=1e-5, atol=1e-5)

@@ -8,7 +8,9 @@
    folded into the weights and bias (free at run time); any other one becomes Mul + Add by
    per-channel constants, which the fusion pass can still absorb as a scale_shift.
    `prune_padding_taps` (passes_conv.py): kernel rows and columns of a dilated conv that read only
-   zero padding are dropped (DeepLabV3's ASPP at dilation 24 and 36 on 14x14: 1x1 convs).
+   zero padding are dropped (DeepLabV3's ASPP at dilation 24 and 36 on 14x14: 1x1 convs);
+   `split_sparse_taps`: a conv whose taps mostly read padding becomes one 1x1 conv per tap over the
+   outputs it reaches, summed by residual-add epilogues.
 2. `rewrite_activations` (passes_act.py): activations written out as element-wise ops (Gelu's erf
    and tanh forms, x * Sigmoid(x), HardSigmoid as relu6(x + 3) / 6, HardSwish as x * HardSigmoid(x))
    become one node each, which the fusion pass absorbs as one epilogue op.
@@ -36,7 +38,7 @@ import numpy as np
 
 from stages.graph.ir import Graph, Node, Value
 from stages.graph.passes_act import rewrite_activations
-from stages.graph.passes_conv import prune_padding_taps
+from stages.graph.passes_conv import prune_padding_taps, split_sparse_taps
 from stages.graph.passes_fuse import fuse
 from stages.graph.passes_norm import fuse_add_layernorm, rewrite_layernorm
 from stages.graph.passes_quant import quantize_graph
@@ -49,8 +51,8 @@ def optimize(graph: Graph) -> Graph:
     """A new graph with every pass applied; the input graph is left as it was (constant arrays are shared:
     passes add new constants, they never write into existing ones)."""
     g = copy.deepcopy(graph, memo={id(a): a for a in graph.constants.values()})
-    for p in (quantize_graph, assign_int8_tasks, fold_batchnorm, prune_padding_taps, rewrite_activations,
-              rewrite_layernorm,
+    for p in (quantize_graph, assign_int8_tasks, fold_batchnorm, prune_padding_taps, split_sparse_taps,
+              rewrite_activations, rewrite_layernorm,
               simplify_views, fuse_attention_softmax, fuse, fuse_add_layernorm, eliminate_dead):
         p(g)
     return g
