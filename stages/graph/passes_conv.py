@@ -8,9 +8,10 @@ shrunk to match, so the output and every product that reads the image stay as th
 
 `split_sparse_taps`: where the taps left still read padding for most output positions (the same ASPP's
 dilation-12 conv: its outer taps reach the 14x14 image from 2 output rows or columns only, 18% of its
-multiplies read the image), the conv becomes one 1x1 conv per tap over just the outputs that tap reaches,
-each written into the full output by its own zero padding and summed by the next tap's residual add (a
-fused epilogue): the multiplies by padding are gone, the sum order per output is the taps' order.
+multiplies read the image), the conv becomes one 1x1 conv per tap over just the outputs that tap reaches, each
+padded with zeros to the full output and summed (the bias rides on a tap that covers every output, else it is
+added to the first): the multiplies by
+padding are gone; a Pad and an Add per tap cost a pass over the output each.
 """
 
 from __future__ import annotations
@@ -62,7 +63,8 @@ def split_sparse_taps(g: Graph) -> None:
 
 
 def _split(g: Graph, node: Node) -> list[Node] | None:
-    if len(node.inputs) < 2 or node.inputs[1] not in g.constants or int(node.attrs.get("group", 1)) != 1:
+    if len(node.inputs) < 2 or any(i not in g.constants for i in node.inputs[1:]) or \
+            int(node.attrs.get("group", 1)) != 1:
         return None
     w = g.constants[node.inputs[1]]
     (n, c, h, wd), (_, k, oh, ow) = g.values[node.inputs[0]].shape, g.values[node.outputs[0]].shape
@@ -88,16 +90,24 @@ def _split(g: Graph, node: Node) -> list[Node] | None:
             nodes.append(Node(f"{tag}/slice", "Slice", [node.inputs[0]], [src],
                               {"starts": starts, "steps": [1, 1, sh, sw], "sizes": sizes}))
         weight = g.add_constant(f"{tag}.w", w[:, :, r:r + 1, q:q + 1].copy())
-        bias = node.inputs[2:] if i == 0 else []
         part = f"{tag}/y"
-        g.values[part] = Value(part, (n, k, oh, ow))
+        g.values[part] = Value(part, (n, k, r1 - r0, q1 - q0))
+        whole = (r1 - r0, q1 - q0) == (oh, ow)
+        bias = node.inputs[2:] if i == 0 and whole else []
         nodes.append(Node(f"{tag}/conv", "Conv", [src, weight, *bias], [part],
-                          {"strides": [1, 1], "dilations": [1, 1], "group": 1,
-                           "pads": [r0, q0, oh - r1, ow - q1]}))
-        if total is not None:
+                          {"strides": [1, 1], "dilations": [1, 1], "group": 1, "pads": [0, 0, 0, 0]}))
+        if not whole:  # the tap's outputs into the full output, zeros elsewhere
+            full = f"{tag}/full"
+            g.values[full] = Value(full, (n, k, oh, ow))
+            nodes.append(Node(f"{tag}/pad", "Pad", [part], [full],
+                              {"pads": [0, 0, r0, q0, 0, 0, oh - r1, ow - q1], "mode": "constant", "value": 0.0}))
+            part = full
+        if total is not None or i == 0 and not whole and len(node.inputs) > 2:
+            addend = total if total is not None else g.add_constant(f"{node.name}.bias",
+                                                                    g.constants[node.inputs[2]].reshape(1, k, 1, 1))
             summed = node.outputs[0] if i == len(taps) - 1 else f"{tag}/sum"
             g.values[summed] = g.values.get(summed) or Value(summed, (n, k, oh, ow))
-            nodes.append(Node(f"{tag}/add", "Add", [part, total], [summed]))
+            nodes.append(Node(f"{tag}/add", "Add", [part, addend], [summed]))
             part = summed
         total = part
     return nodes
