@@ -12,7 +12,7 @@ from onnx import TensorProto, helper
 from schemas import Target
 from stages.build.library import build_library
 from stages.extract import load_model
-from stages.graph import reference
+from stages.graph import passes_conv, reference
 from stages.graph.passes import optimize
 from stages.graph.passes_conv import prune_padding_taps, split_sparse_taps
 from stages.runtime import load
@@ -33,10 +33,11 @@ def _conv_model(path, size: tuple[int, int], k: tuple[int, int], stride: tuple[i
 
 
 @pytest.mark.parametrize("dilation,kernels", [(24, [(1, 1)]), (36, [(1, 1)]), (12, [(1, 1)] * 9), (2, [(3, 3)])])
-def test_aspp_taps_outside_a_14x14_map_are_dropped_and_the_output_kept(tmp_path, dilation, kernels):
+def test_aspp_taps_outside_a_14x14_map_are_dropped_and_the_output_kept(tmp_path, monkeypatch, dilation, kernels):
     """DeepLabV3's ASPP: 3x3 at dilation d padded by d on 14x14. From d = 14 on only the centre tap reads the
     image (one 1x1 conv); at 12 the outer taps reach 2 rows or columns (18% of the multiplies read the image:
     nine 1x1 convs over those outputs, padded and summed); at 2 every tap reaches most outputs (kept whole)."""
+    monkeypatch.setattr(passes_conv, "MIN_SAVED_MACS", 0)  # 3 -> 4 channels: far too small to split otherwise
     x = _conv_model(tmp_path / "m.onnx", (14, 14), (3, 3), (1, 1), (dilation, dilation), [dilation] * 4)
     graph = optimize(load_model(tmp_path / "m.onnx"))
     convs = [n for n in graph.nodes if n.op == "conv2d"]
@@ -47,9 +48,10 @@ def test_aspp_taps_outside_a_14x14_map_are_dropped_and_the_output_kept(tmp_path,
     np.testing.assert_allclose(load(tmp_path / "lib").run(x=x)["y"], want, rtol=1e-5, atol=1e-5)
 
 
-def test_random_windows_keep_every_output_exactly(tmp_path):
+def test_random_windows_keep_every_output_exactly(tmp_path, monkeypatch):
     """Sizes, kernels, strides, dilations and asymmetric pads drawn at random: the graph after the pass computes
     what it did before (tunaflow's interpreter on both), and some cases do drop taps."""
+    monkeypatch.setattr(passes_conv, "MIN_SAVED_MACS", 0)
     rng = np.random.default_rng(7)
     pruned = split = 0
     for case in range(60):
@@ -79,11 +81,19 @@ def test_random_windows_keep_every_output_exactly(tmp_path):
 @pytest.mark.parametrize("size,k,stride,dil,pads", [((10, 9), (3, 3), (2, 2), (6, 5), [6, 5, 7, 4]),
                                                      ((7, 12), (3, 5), (1, 2), (5, 4), [5, 9, 3, 8]),
                                                      ((28, 28), (3, 3), (1, 1), (24, 24), [24, 24, 24, 24])])
-def test_split_taps_build_and_match_onnxruntime(tmp_path, size, k, stride, dil, pads):
+def test_split_taps_build_and_match_onnxruntime(tmp_path, monkeypatch, size, k, stride, dil, pads):
     """Strided, asymmetric and rectangular windows through the built library (the Slices of the split)."""
+    monkeypatch.setattr(passes_conv, "MIN_SAVED_MACS", 0)
     x = _conv_model(tmp_path / "m.onnx", size, k, stride, dil, pads)
     graph = optimize(load_model(tmp_path / "m.onnx"))
     assert sum(n.op == "conv2d" for n in graph.nodes) > 1
     build_library(graph, Target.host(), tmp_path / "lib", 2, None)
     want = ort.InferenceSession(str(tmp_path / "m.onnx"), providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
     np.testing.assert_allclose(load(tmp_path / "lib").run(x=x)["y"], want, rtol=1e-5, atol=1e-5)
+
+
+def test_a_small_conv_is_not_split_into_more_kernel_calls_than_it_saves(tmp_path):
+    """A 3x3 conv on a 2x2 map reaches the image at 44% of its (tap, output) pairs, but at 3 -> 4 channels the
+    multiplies saved are far fewer than MIN_SAVED_MACS: one conv stays."""
+    _conv_model(tmp_path / "m.onnx", (2, 2), (3, 3), (1, 1), (1, 1), [1, 1, 1, 1])
+    assert sum(n.op == "conv2d" for n in optimize(load_model(tmp_path / "m.onnx")).nodes) == 1

@@ -19,6 +19,8 @@ from __future__ import annotations
 from stages.graph.ir import Graph, Node, Value
 
 SPARSE = 0.5  # split a conv whose taps reach the image at fewer than this share of its (tap, output) pairs
+MIN_SAVED_MACS = 20_000_000  # ... and saves this many multiply-adds (~0.1 ms): each tap costs 2-3 kernel calls, so
+# a 3x3 conv on a 2x2 image (44% live) would not pay for its 25 nodes
 
 
 def _live_taps(size: int, out: int, k: int, stride: int, dilation: int, pad: int) -> tuple[int, int]:
@@ -74,7 +76,8 @@ def _split(g: Graph, node: Node) -> list[Node] | None:
     taps = [(r, q) for r in range(w.shape[2]) for q in range(w.shape[3])
             if rows[r][1] > rows[r][0] and cols[q][1] > cols[q][0]]
     live = sum((rows[r][1] - rows[r][0]) * (cols[q][1] - cols[q][0]) for r, q in taps)
-    if len(taps) < 2 or live >= SPARSE * w.shape[2] * w.shape[3] * oh * ow:
+    pairs = w.shape[2] * w.shape[3] * oh * ow
+    if len(taps) < 2 or live >= SPARSE * pairs or (pairs - live) * n * k * c < MIN_SAVED_MACS:
         return None
     taps.sort(key=lambda t: -(rows[t[0]][1] - rows[t[0]][0]) * (cols[t[1]][1] - cols[t[1]][0]))  # widest first
     nodes, total = [], None
