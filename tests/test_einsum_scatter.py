@@ -8,16 +8,13 @@ from __future__ import annotations
 
 import numpy as np
 import onnx
-import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper
+from support.onnx_run import build_and_run
 
-from schemas import Target
 from schemas.errors import ModelError
-from stages.build.library import build_library
 from stages.extract import load_model
 from stages.graph.passes import optimize
-from stages.runtime import load
 
 RNG = np.random.default_rng(0)
 
@@ -28,12 +25,7 @@ def _run(tmp_path, nodes, inputs: dict[str, np.ndarray], consts: dict[str, np.nd
         nodes, "m", [helper.make_tensor_value_info(k, TensorProto.FLOAT, v.shape) for k, v in inputs.items()],
         [helper.make_empty_tensor_value_info(o) for o in outputs],
         [onnx.numpy_helper.from_array(v, k) for k, v in consts.items()])
-    path = tmp_path / "m.onnx"
-    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)]), path)
-    build_library(optimize(load_model(path)), Target.host(), tmp_path / "lib", 1, None)
-    got = load(tmp_path / "lib").run(**inputs)
-    want = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"]).run(outputs, inputs)
-    return [got[o] for o in outputs], want
+    return build_and_run(tmp_path, graph, inputs, outputs)
 
 
 def _f(*shape: int) -> np.ndarray:

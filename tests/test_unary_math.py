@@ -7,29 +7,13 @@ Mod on shape values; both models were refused as using unsupported operators.
 from __future__ import annotations
 
 import numpy as np
-import onnx
-import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper
-
-from schemas import Target
-from stages.build.library import build_library
-from stages.extract import load_model
-from stages.graph.passes import optimize
-from stages.runtime import load
+from support.onnx_run import build_and_run
 
 DOMAINS = {"Sin": (-20, 20), "Cos": (-20, 20), "Tan": (-1.5, 1.5), "Asin": (-1, 1), "Acos": (-1, 1),
            "Atan": (-50, 50), "Sinh": (-10, 10), "Cosh": (-10, 10), "Asinh": (-50, 50), "Acosh": (1, 50),
            "Atanh": (-0.99, 0.99)}
-
-
-def _build_and_run(tmp_path, graph: onnx.GraphProto, feeds: dict[str, np.ndarray], names: list[str]):
-    path = tmp_path / "m.onnx"
-    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)]), path)
-    build_library(optimize(load_model(path)), Target.host(), tmp_path / "lib", 1, None)
-    got = load(tmp_path / "lib").run(**feeds)
-    want = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"]).run(names, feeds)
-    return [got[n] for n in names], want
 
 
 def test_each_trigonometric_op_matches_onnxruntime_on_its_domain(tmp_path):
@@ -41,7 +25,7 @@ def test_each_trigonometric_op_matches_onnxruntime_on_its_domain(tmp_path):
         nodes.append(helper.make_node(op, [f"x_{op}"], [f"y_{op}"]))
         outputs.append(helper.make_tensor_value_info(f"y_{op}", TensorProto.FLOAT, (3, 37)))
     names = [f"y_{op}" for op in DOMAINS]
-    got, want = _build_and_run(tmp_path, helper.make_graph(nodes, "trig", inputs, outputs), feeds, names)
+    got, want = build_and_run(tmp_path, helper.make_graph(nodes, "trig", inputs, outputs), feeds, names)
     for name, g, w in zip(names, got, want, strict=True):
         np.testing.assert_allclose(g, w, rtol=2e-6, atol=2e-6, err_msg=name)
 
@@ -57,5 +41,5 @@ def test_mod_of_constants_folds_as_onnx_defines_it(tmp_path, fmod, dtype):
     graph = helper.make_graph(nodes, "mod", [helper.make_tensor_value_info("x", TensorProto.FLOAT, (6,))],
                               [helper.make_tensor_value_info("y", TensorProto.FLOAT, (6,))],
                               [helper.make_tensor("a", tensor, (6,), a), helper.make_tensor("b", tensor, (6,), b)])
-    (got,), (want,) = _build_and_run(tmp_path, graph, {"x": np.zeros(6, np.float32)}, ["y"])
+    (got,), (want,) = build_and_run(tmp_path, graph, {"x": np.zeros(6, np.float32)}, ["y"])
     np.testing.assert_array_equal(got, want)
