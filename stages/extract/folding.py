@@ -82,12 +82,16 @@ def _range(raw: dict, args: list[np.ndarray], ctx: Ctx) -> np.ndarray:
 _SCATTER = {"none": None, "add": np.add, "mul": np.multiply, "max": np.maximum, "min": np.minimum}
 
 
+def _reduction(raw: dict) -> str:
+    """A scatter's `reduction` attribute ("none" when absent)."""
+    return str(raw.get("reduction", "none"))
+
+
 def _scatter_nd(raw: dict, args: list[np.ndarray], ctx: Ctx) -> np.ndarray:
     """ONNX ScatterND: data with the slices `indices` names replaced by (or reduced with) `updates`. Swin's
     shifted-window attention mask is built this way, from constants only."""
     data, indices, updates = args
-    reduction = raw.get("reduction", b"none")
-    reduction = reduction.decode() if isinstance(reduction, bytes) else str(reduction)
+    reduction = _reduction(raw)
     k = indices.shape[-1] if indices.ndim else 0
     if reduction not in _SCATTER or indices.ndim < 1 or k > data.ndim or \
             updates.shape != indices.shape[:-1] + data.shape[k:]:
@@ -109,8 +113,7 @@ def _scatter_elements(raw: dict, args: list[np.ndarray], ctx: Ctx) -> np.ndarray
     """ONNX ScatterElements: data with updates[i] written (or reduced) at data[..., indices[i], ...] along
     `axis`. BEiT's relative position index is built this way (select_scatter), from constants only."""
     data, indices, updates = args
-    reduction = raw.get("reduction", b"none")
-    reduction = reduction.decode() if isinstance(reduction, bytes) else str(reduction)
+    reduction = _reduction(raw)
     axis = int(raw.get("axis", 0))
     if reduction not in _SCATTER or indices.shape != updates.shape or indices.ndim != data.ndim or \
             not -data.ndim <= axis < data.ndim or any(i > d for i, d in zip(indices.shape, data.shape, strict=True)):

@@ -25,7 +25,7 @@ MIN_SAVED_MACS = 20_000_000  # ... and saves this many multiply-adds (~0.1 ms): 
 
 def _live_taps(size: int, out: int, k: int, stride: int, dilation: int, pad: int) -> tuple[int, int]:
     """First and last tap of a window axis that reads inside the image for some output position."""
-    live = [r for r in range(k) if r * dilation - pad <= size - 1 and (out - 1) * stride - pad + r * dilation >= 0]
+    live = [r for r in range(k) if (reach := _reach(size, out, stride, dilation, pad, r))[1] > reach[0]]
     return (live[0], live[-1]) if live else (0, k - 1)
 
 
