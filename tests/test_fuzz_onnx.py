@@ -50,6 +50,22 @@ def test_garbage_and_truncated_files_are_model_errors(tmp_path):
             load_model(path)
 
 
+def test_text_that_is_not_utf8_is_a_model_error_naming_the_field(tmp_path):
+    """protobuf parses a string field with non-UTF-8 bytes as `bytes` (the mutation fuzzer's find: an op type
+    b'\\x80ather' broke the sort of unsupported op types); each text field is named, the model is refused."""
+    nodes = [helper.make_node("Relu", ["x"], ["a"], name="r1"), helper.make_node("Xelu", ["a"], ["y"], name="r2")]
+    data = save(tmp_path, nodes, [vi("x", [2, 4])], [vi("y", [2, 4])]).read_bytes()
+    path = tmp_path / "bad.onnx"
+    for old, new, field in ((b"Xelu", b"\x80elu", r"graph\.node\[1\]\.op_type"),
+                            (b"r1", b"r\xff", r"graph\.node\[0\]\.name"),
+                            (b"\x12\x01a", b"\x12\x01\xc3", r"graph\.node\[0\]\.output\[0\]")):
+        assert data.count(old) == 1
+        path.write_bytes(data.replace(old, new))
+        with pytest.raises(ModelError, match=rf"bad\.onnx: {field} is not valid UTF-8 text"):
+            load_model(path)
+        assert import_case(path, time_limit_s=10.0) == "ModelError"
+
+
 def test_a_value_written_twice_is_refused(tmp_path):
     nodes = [helper.make_node("Relu", ["x"], ["a"], name="r1"), helper.make_node("Tanh", ["x"], ["a"], name="t"),
              helper.make_node("Relu", ["a"], ["y"], name="r2")]

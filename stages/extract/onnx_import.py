@@ -35,6 +35,7 @@ from stages.extract.normalize_index import INDEX_NORMALIZERS
 from stages.extract.normalize_resize import RESIZE_NORMALIZERS
 from stages.extract.quant import QUANT_NORMALIZERS, keep_unfolded
 from stages.extract.shapes import SHAPES, infer
+from stages.extract.text_fields import check_text_fields
 from stages.extract.weights import has_data
 from stages.graph.ir import Graph, Node, Value
 from stages.graph.reference import OPS
@@ -76,6 +77,7 @@ def load_model(model: str | Path | onnx.ModelProto, input_shapes: dict[str, tupl
     `max_constant_mb` bounds what folding may compute (default: the larger of 256 MB and 4x the model's
     own tensors), `max_tensor_mb` every run-time tensor (float32); either is a ModelError before allocating."""
     proto = model if isinstance(model, onnx.ModelProto) else read_model(Path(model))
+    check_text_fields(proto, "model" if isinstance(model, onnx.ModelProto) else str(model))
     graph_name = name or (Path(model).stem if not isinstance(model, onnx.ModelProto) else proto.graph.name)
     check_supported(proto)
     opset = _opset(proto)
