@@ -5,7 +5,7 @@ starting contender rotating) and each reports the median and p90 of all its call
 - after an idle pause (`idle_between`, the default): before each turn the other threads of the
   process (onnxruntime's, OpenBLAS's, our pool's) are let go quiet, then a few untimed calls;
 - under load: turns back to back, each starting with `LOAD_WARMUP_S` of untimed calls, longer than
-  the previous contender's threads spin, so the machine never idles.
+  the previous contender's threads spin (onnxruntime's: 30-40 ms), so the machine never idles.
 Either way no turn pays for the previous one's spinning. On this VM they differ: after each idle
 pause 2-thread calls settle at one of several speeds and keep it while the machine stays busy (the
 host's placement of the vCPUs, by all signs; the same 2-thread CNN's turns at 0.13 to 0.21 ms
@@ -40,7 +40,11 @@ def random_feeds(model: Model, seed: int = 0) -> dict[str, np.ndarray]:
     return sample_inputs(model.inputs, seed)
 
 
-LOAD_WARMUP_S = 0.01  # our workers spin 2 ms after a call; onnxruntime's a shorter while
+# Untimed calls that start a turn under load: longer than the previous contender's threads keep a core. Measured
+# (2-thread MobileNetV2, Zen 5): onnxruntime's pool keeps spinning 30-40 ms after its last call, and our pinned
+# worker, sharing its core with that spinner, made our calls 6-8 ms instead of 2.2 for that long; with 10 ms
+# of warm-up the zoo table had this model at 1.30x onnxruntime, with 100 ms 0.95-1.00x (each alone: 0.95x).
+LOAD_WARMUP_S = 0.1
 
 
 def compare(contenders: dict[str, Callable[[], object]], number: int = 20, rounds: int = 5,
