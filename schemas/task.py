@@ -13,9 +13,9 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-OpKind = Literal["matmul", "dense", "batch_matmul", "conv2d", "conv2d_winograd", "qdense", "qconv2d"]
+OpKind = Literal["matmul", "dense", "batch_matmul", "conv2d", "conv2d_winograd", "qdense", "qconv2d", "qmatmul"]
 CONV_OPS = ("conv2d", "conv2d_winograd")  # NCHW x OIHW float convolutions, whatever the algorithm
-QUANT_OPS = ("qdense", "qconv2d")  # int8 anchors: u8/s8 operands, int32 bias, float32 requantize scale
+QUANT_OPS = ("qdense", "qconv2d", "qmatmul")  # int8 anchors (u8/s8 operands; qdense/qconv2d requantize)
 DType = Literal["float32", "uint8", "int8", "int32"]
 EpilogueKind = Literal[
     "bias", "scale_shift", "relu", "clip", "leaky_relu", "sigmoid", "tanh", "gelu", "gelu_tanh", "swish",
@@ -77,7 +77,7 @@ class TuningTask(BaseModel):
     def flops(self) -> int:
         """Multiply-adds counted as two FLOPs (int8 ones too, so GOPS compare with GFLOPS); epilogues are not
         counted."""
-        if self.op in ("matmul", "dense", "qdense"):
+        if self.op in ("matmul", "dense", "qdense", "qmatmul"):
             m, k = self.inputs[0].shape
             n = self.outputs[0].shape[-1]
             return 2 * m * n * k

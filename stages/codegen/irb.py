@@ -234,6 +234,18 @@ def store_bytes(b: ir.IRBuilder, value: ir.Value, ptr: ir.Value, mask: ir.Value 
     b.call(fn, [opaque_on_x86(b, value), vptr, ir.Constant(I32, 1), mask])
 
 
+def store_ints(b: ir.IRBuilder, value: ir.Value, ptr: ir.Value, mask: ir.Value | None) -> None:
+    """Store a `<lanes x i32>` at the byte pointer `ptr`, only the lanes `mask` selects when given."""
+    vty = value.type
+    vptr = b.bitcast(ptr, vty.as_pointer())
+    if mask is None:
+        b.store(value, vptr, align=4)
+        return
+    fn = intrinsic(b.module, f"llvm.masked.store.v{vty.count}i32.p0", ir.VoidType(),
+                   [vty, vty.as_pointer(), I32, mask.type])
+    b.call(fn, [value, vptr, ir.Constant(I32, 4), mask])
+
+
 def opaque_on_x86(b: ir.IRBuilder, value: ir.Value) -> ir.Value:
     """`value` passed through an empty inline asm on x86, so the backend cannot see that it is a truncation.
 

@@ -24,7 +24,7 @@ FMA_UNITS = 2
 MARGIN = 2.0
 # F(4x4, 3x3): 36 multiplies where the direct conv does 144; int8 anchors: vpdpbusd does 4 multiply-adds per
 # 32-bit lane where an FMA does one
-ALGORITHMIC_GAIN = {"conv2d_winograd": 4.0, "qdense": 4.0, "qconv2d": 4.0}
+ALGORITHMIC_GAIN = {"conv2d_winograd": 4.0, "qdense": 4.0, "qconv2d": 4.0, "qmatmul": 4.0}
 MAX_MSG_CHARS = 2000
 
 

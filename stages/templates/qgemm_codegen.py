@@ -1,4 +1,6 @@
-"""The int8 GEMM kernel of `qdense`: `Y[M, N] = requant(X[M, K] . W[N, K] + B')` in LLVM IR.
+"""The int8 GEMM kernel of `qdense`: `Y[M, N] = requant(X[M, K] . W[N, K] + B')` in LLVM IR, and of `qmatmul`
+(`requant` None): int32 `Y = X . W + zx * C[n]`, zx a byte read at run time (DynamicQuantizeLinear's zero point)
+and C = -sum_k W[n, k] packed at build time.
 
 X (u8, or s8 flipped to u8 on load) is read in place, row-major: one i32 load is the 4-byte
 reduction group a lane needs, broadcast to every lane. W arrives packed in panels of `nr = nv *
@@ -32,6 +34,7 @@ from stages.codegen.irb import (
     prefix_mask,
     smin,
     store_bytes,
+    store_ints,
 )
 from stages.codegen.parallel import emit_main
 from stages.templates import qgemm_isa as isa_
@@ -45,7 +48,7 @@ class QGemmSpec:
     n: int
     k: int
     x_signed: bool
-    requant: rq_.Requant
+    requant: rq_.Requant | None  # None: int32 output, the run-time zero point's correction instead
 
 
 @dataclass(frozen=True)
@@ -176,24 +179,33 @@ class _Gen:
         return out
 
     def _store(self, b, accs, bias, scale, y, row0, col0, rows) -> None:
+        """Requantized bytes; or (no `requant`) int32 sums plus the zero point (the `scale` slot's byte) times C."""
         g, s = self.g, self.s
         lanes, nv, mr, parts = s.lanes, s.nv, s.mr, PARTS[s.isa]
         vty, fty = ivec(lanes), ir.VectorType(F32, lanes)
         cols = b.trunc(smin(b, i64(s.nr), b.sub(i64(g.n), col0)), I32)
         bptr = b.bitcast(bias, vty.as_pointer())
         sptr = b.bitcast(scale, fty.as_pointer())
-        ybase = gep(b, y, add(b, mul(b, row0, i64(g.n)), col0))
+        zx = None
+        if g.requant is None:
+            zx = isa_.splat_i32(b, b.zext(b.load(b.bitcast(scale, ir.IntType(8).as_pointer())), I32), lanes)
+        size = 1 if g.requant is not None else 4  # bytes per output element
+        ybase = gep(b, y, mul(b, add(b, mul(b, row0, i64(g.n)), col0), i64(size)))
         for j in range(nv):
             cvec = b.udiv(col0, i64(lanes))
             bj = b.load(b.gep(bptr, [add(b, cvec, i64(j))]), align=4)
-            sj = b.load(b.gep(sptr, [add(b, cvec, i64(j))]), align=4)
+            sj = b.load(b.gep(sptr, [add(b, cvec, i64(j))]), align=4) if g.requant is not None else None
             cmask = prefix_mask(b, cols, lanes, j * lanes) if g.n % s.nr else None
             for i in range(mr):
                 at = (i * nv + j) * parts
-                v = b.add(isa_.finish(b, s.isa, accs[at:at + parts]), bj)
-                out = rq_.emit(b, g.requant, v, sj, s.isa != "generic")
                 ok = b.icmp_signed("<", i64(i), rows) if (g.m % mr and i) else None
-                store_bytes(b, out, gep(b, ybase, i64(i * g.n + j * lanes)), row_mask(b, ok, cmask, lanes))
+                mask = row_mask(b, ok, cmask, lanes)
+                acc = isa_.finish(b, s.isa, accs[at:at + parts])
+                if g.requant is None:
+                    store_ints(b, b.add(acc, b.mul(zx, bj)), gep(b, ybase, i64(size * (i * g.n + j * lanes))), mask)
+                    continue
+                out = rq_.emit(b, g.requant, b.add(acc, bj), sj, s.isa != "generic")
+                store_bytes(b, out, gep(b, ybase, i64(i * g.n + j * lanes)), mask)
 
 
 def build_module(name: str, spec: QGemmSpec, s: QSchedule, triple: str, threads: int) -> ir.Module:
