@@ -13,7 +13,7 @@ from llvmlite import ir
 from schemas.target import Target, preset
 from stages.codegen.compile import compile_ir
 from stages.codegen.harness import add_harness
-from stages.codegen.irb import I1, I32, VOIDP, gep, i64, store_bytes
+from stages.codegen.irb import I1, I32, VOIDP, gep, i64, store_ints
 from stages.codegen.jit import LoadedKernel
 from stages.templates import qconv2d, qdense
 from stages.templates.qgemm_isa import LANES, available
@@ -76,7 +76,7 @@ def test_qdense_one_column_edges(target, isa):
 @pytest.mark.parametrize("lanes", [8, 16, 32])
 @pytest.mark.parametrize("kept", [1, 2, 5])
 def test_masked_byte_store_of_a_truncation_writes_only_its_lanes(lanes, kept):
-    """`irb.store_bytes` of `trunc <lanes x i32>` under a constant mask of `kept` lanes, the shape LLVM folds
+    """`irb.store_ints` of `trunc <lanes x i32>` under a constant mask of `kept` lanes, the shape LLVM folds
     (a QuantizeLinear tail, a kernel's last column): exactly `kept` bytes change."""
     mod = ir.Module(name="edge")
     mod.triple = HOST.triple
@@ -86,7 +86,7 @@ def test_masked_byte_store_of_a_truncation_writes_only_its_lanes(lanes, kept):
     src = b.bitcast(b.load(gep(b, slots, i64(0))), ir.VectorType(I32, lanes).as_pointer())
     dst = b.load(gep(b, slots, i64(1)))
     narrow = b.trunc(b.load(src, align=4), ir.VectorType(ir.IntType(8), lanes))
-    store_bytes(b, narrow, dst, ir.Constant(ir.VectorType(I1, lanes), [int(k < kept) for k in range(lanes)]))
+    store_ints(b, narrow, dst, ir.Constant(ir.VectorType(I1, lanes), [int(k < kept) for k in range(lanes)]))
     b.ret_void()
     add_harness(mod, main)
     values = np.arange(1, lanes + 1, dtype=np.int32) * 3

@@ -221,29 +221,18 @@ def loop_carry(b: ir.IRBuilder, start: ir.Value, stop: ir.Value, values: list[ir
     values[:] = phis
 
 
-def store_bytes(b: ir.IRBuilder, value: ir.Value, ptr: ir.Value, mask: ir.Value | None) -> None:
-    """Store a `<lanes x i8>` at the byte pointer `ptr`, only the lanes `mask` selects when given (every
-    masked byte store goes through here: see `opaque_on_x86`)."""
-    vty = value.type
-    vptr = b.bitcast(ptr, vty.as_pointer())
-    if mask is None:
-        b.store(value, vptr, align=1)
-        return
-    fn = intrinsic(b.module, f"llvm.masked.store.v{vty.count}i8.p0", ir.VoidType(),
-                        [vty, vty.as_pointer(), I32, mask.type])
-    b.call(fn, [opaque_on_x86(b, value), vptr, ir.Constant(I32, 1), mask])
-
-
 def store_ints(b: ir.IRBuilder, value: ir.Value, ptr: ir.Value, mask: ir.Value | None) -> None:
-    """Store a `<lanes x i32>` at the byte pointer `ptr`, only the lanes `mask` selects when given."""
+    """Store a `<lanes x i8>` or `<lanes x i32>` at the byte pointer `ptr`, only the lanes `mask` selects when
+    given (every masked integer store goes through here; bytes through `opaque_on_x86`)."""
     vty = value.type
+    size = vty.element.width // 8
     vptr = b.bitcast(ptr, vty.as_pointer())
     if mask is None:
-        b.store(value, vptr, align=4)
+        b.store(value, vptr, align=size)
         return
-    fn = intrinsic(b.module, f"llvm.masked.store.v{vty.count}i32.p0", ir.VoidType(),
+    fn = intrinsic(b.module, f"llvm.masked.store.v{vty.count}i{8 * size}.p0", ir.VoidType(),
                    [vty, vty.as_pointer(), I32, mask.type])
-    b.call(fn, [value, vptr, ir.Constant(I32, 4), mask])
+    b.call(fn, [opaque_on_x86(b, value) if size == 1 else value, vptr, ir.Constant(I32, size), mask])
 
 
 def opaque_on_x86(b: ir.IRBuilder, value: ir.Value) -> ir.Value:

@@ -15,7 +15,7 @@ from collections.abc import Callable
 
 from llvmlite import ir
 
-from stages.codegen.irb import I1, I32, for_range, gep, i64, intrinsic, mul, store_bytes, vec
+from stages.codegen.irb import I1, I32, for_range, gep, i64, intrinsic, mul, store_ints, vec
 from stages.graph.reference_quant import limits
 from stages.memops.opctx import OpCtx
 
@@ -80,7 +80,7 @@ def quantize_per_tensor(ctx: OpCtx, total: int, scale: float, zero: int, dtype: 
             v = b.call(intrinsic(b.module, masked_load, fty, [fty.as_pointer(), I32, mask.type, fty]),
                        [b.bitcast(gep(b, x, at), fty.as_pointer()), ir.Constant(I32, 4), mask,
                         ir.Constant(fty, [0.0] * LANES)])
-            store_bytes(b, _quantize(b, v, scale, zero, dtype), gep(b, y, at), mask)
+            store_ints(b, _quantize(b, v, scale, zero, dtype), gep(b, y, at), mask)
 
     split(ctx, total, body)
 

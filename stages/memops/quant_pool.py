@@ -15,7 +15,7 @@ import math
 
 from llvmlite import ir
 
-from stages.codegen.irb import I1, I32, add, gep, i64, intrinsic, mul, prefix_mask, store_bytes
+from stages.codegen.irb import I1, I32, add, gep, i64, intrinsic, mul, prefix_mask, store_ints
 from stages.graph.reference import pool_out
 from stages.graph.reference_quant import limits
 from stages.memops.opctx import OpCtx
@@ -85,4 +85,4 @@ def max_pool_int8(ctx: OpCtx) -> None:
                               align=1)
                 taps = wide if sw == 1 else b.shuffle_vector(wide, wide, pick)
                 acc = taps if acc is None else _vmax(b, acc, taps, signed)
-            store_bytes(b, acc, gep(b, out_row, i64(v * COLS)), prefix_mask(b, ir.Constant(I32, ow), COLS, v * COLS))
+            store_ints(b, acc, gep(b, out_row, i64(v * COLS)), prefix_mask(b, ir.Constant(I32, ow), COLS, v * COLS))

@@ -31,7 +31,7 @@ from stages.codegen.irb import (
     mul,
     prefix_mask,
     smin,
-    store_bytes,
+    store_ints,
 )
 from stages.codegen.parallel import body_args, emit_main, emit_phases, range_body
 from stages.templates import qgemm_isa as isa_
@@ -270,7 +270,7 @@ class _Conv:
                 for j in range(s.nv):
                     k = at(i, r, j)
                     v = b.add(isa_.finish(b, s.isa, accs[k:k + parts]), bi)
-                    store_bytes(b, rq_.emit(b, self.rq, v, sv, s.isa != "generic"), gep(b, row, i64(j * lanes)),
+                    store_ints(b, rq_.emit(b, self.rq, v, sv, s.isa != "generic"), gep(b, row, i64(j * lanes)),
                                 row_mask(b, ok, cmasks[j], lanes))
 
 

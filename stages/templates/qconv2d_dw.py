@@ -30,7 +30,7 @@ from stages.codegen.irb import (
     mul,
     prefix_mask,
     smin,
-    store_bytes,
+    store_ints,
 )
 from stages.codegen.parallel import body_args, range_body
 from stages.templates import qgemm_requant as rq_
@@ -106,7 +106,7 @@ def emit_dw(mod: ir.Module, p: QConvPlan, rq: rq_.Requant, zx_raw: int, signed: 
                 for j in range(s.nv):
                     cm = prefix_mask(b, cols, lanes, j * lanes) if g.ow % nr else None
                     out = rq_.emit(b, rq, b.add(accs[r, j], bv), sv, s.isa != "generic")
-                    store_bytes(b, out, gep(b, row, i64(j * lanes)), row_mask(b, ok, cm, lanes))
+                    store_ints(b, out, gep(b, row, i64(j * lanes)), row_mask(b, ok, cm, lanes))
     b.ret_void()
     return fn
 

@@ -33,7 +33,6 @@ from stages.codegen.irb import (
     mul,
     prefix_mask,
     smin,
-    store_bytes,
     store_ints,
 )
 from stages.codegen.parallel import emit_main
@@ -205,7 +204,7 @@ class _Gen:
                     store_ints(b, b.add(acc, b.mul(zx, bj)), gep(b, ybase, i64(size * (i * g.n + j * lanes))), mask)
                     continue
                 out = rq_.emit(b, g.requant, b.add(acc, bj), sj, s.isa != "generic")
-                store_bytes(b, out, gep(b, ybase, i64(i * g.n + j * lanes)), mask)
+                store_ints(b, out, gep(b, ybase, i64(i * g.n + j * lanes)), mask)
 
 
 def build_module(name: str, spec: QGemmSpec, s: QSchedule, triple: str, threads: int) -> ir.Module:
