@@ -7,6 +7,10 @@ server and the client retries for about 150 s. Here the server runs in a session
 (PR_SET_PDEATHSIG), and is stopped by the command itself once the flow has ended, so an
 interrupted flow run is recorded as crashed and the command exits at once. With
 PREFECT_API_URL set, the user's own server is used and nothing is started.
+
+The server writes its output to `server.log` in PREFECT_HOME, not to the command's terminal: stopped while
+its task-run recorder flushes a batch, it prints a database traceback that is no error of the user's run
+(seen after a Ctrl-C). A server that fails to start has the end of that file in the error.
 """
 
 from __future__ import annotations
@@ -18,6 +22,7 @@ import signal
 import subprocess
 import sys
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import prefect
@@ -33,6 +38,7 @@ from prefect.settings import (
 STARTUP_TIMEOUT_S = 120  # a fresh database's migrations take 40 s on a loaded 2-core machine (Prefect waits 20)
 DRAIN_S = 1.0  # queued logs and events of the flow run, sent before the server goes
 STOP_WAIT_S = 1.0  # a temporary server's SQLite database survives a kill; the user is waiting
+LOG_TAIL_CHARS = 3000  # of the server's own log, in the error when it does not start
 
 _PR_SET_PDEATHSIG = 1
 
@@ -61,16 +67,33 @@ def server_env() -> dict[str, str]:
             "PREFECT__SERVER_FINAL": "1", **get_current_settings().to_environment_variables(exclude_unset=True)}
 
 
+def server_log() -> Path:
+    """Where the temporary server's output goes (one run's: rewritten at each start)."""
+    return Path(get_current_settings().home) / "server.log"
+
+
 class _OwnSessionServer(SubprocessASGIServer):
     """Prefect's temporary server (the same uvicorn command and environment as Prefect's own),
-    started in a new session so terminal signals skip it."""
+    started in a new session so terminal signals skip it, its output in `server_log()`."""
+
+    def start(self, timeout: int | None = None) -> None:
+        try:
+            super().start(timeout)
+        except RuntimeError as exc:
+            log = server_log()
+            tail = log.read_text(errors="replace")[-LOG_TAIL_CHARS:] if log.exists() else ""
+            raise RuntimeError(f"{exc} The server's output ({log}):\n{tail}") from None
 
     def _run_uvicorn_command(self) -> subprocess.Popen[Any]:
         env = server_env()
         command = [sys.executable, "-m", "uvicorn", "--app-dir", str(prefect.__module_path__.parent), "--factory",
                    "prefect.server.api.server:create_app", "--host", "127.0.0.1", "--port", str(self.port),
                    "--log-level", "error", "--lifespan", "on"]
-        return subprocess.Popen(command, env=env, start_new_session=True, preexec_fn=_die_with_parent())
+        log = server_log()
+        log.parent.mkdir(parents=True, exist_ok=True)
+        with log.open("wb") as out:  # the child keeps its own copy of the descriptor
+            return subprocess.Popen(command, env=env, start_new_session=True, preexec_fn=_die_with_parent(),
+                                    stdout=out, stderr=subprocess.STDOUT)
 
     def stop(self) -> None:
         if self.server_process is not None and self.server_process.poll() is None:

@@ -67,6 +67,8 @@ def test_ctrl_c_in_prefect_mode_exits_at_once_and_keeps_the_log(tmp_path):
     r, took, before, after = interrupt_tune_op(tmp_path)
     assert_clean_interrupt(r, took, before, after)
     assert "Crashed" in r.stderr  # the flow run was reported to a live server, not retried against a dead one
+    # The server's own output (a database traceback when stopped mid-flush) went to its log, not the terminal.
+    assert (tmp_path / "prefect" / "server.log").exists()
 
 
 def test_ctrl_c_without_prefect(tmp_path):
