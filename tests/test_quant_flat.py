@@ -19,6 +19,7 @@ from stages.graph.passes import optimize
 from stages.graph.reference_quant import QUANT_OPS
 from stages.memops.quant_flat import BLOCK
 from stages.runtime import load
+from stages.templates import qgemm_isa
 from testing.quantize import onnxruntime_run
 
 SHAPE = (1, 5, 131, 103)  # 67465 elements: 4 full blocks and a tail of 1929 (not a multiple of 16)
@@ -94,3 +95,17 @@ def test_split_islands_qlut_and_broadcast_qmul_equal_their_reference(tmp_path, d
         got = load(out).run(**feeds)
         for k, v in want.items():
             np.testing.assert_array_equal(got[k], v, err_msg=f"{k}: {threads} thread(s) on {target.name}")
+
+
+def test_table_lookups_use_byte_permutes_where_the_cpu_has_them():
+    """The qlut's 64-byte path needs AVX-512 VBMI: named by the CPU (Ice Lake on, Zen 4 on, Cascade Lake and
+    Skylake-X off), added or removed by a feature, and never on 256-bit vectors or off x86."""
+    def target(cpu: str, features: str = "", bits: int = 512, triple: str = "x86_64-unknown-linux-gnu") -> Target:
+        return Target(**{**preset("x86-64-avx512").model_dump(), "triple": triple, "cpu": cpu, "features": features,
+                         "vector_bits": bits})
+    assert qgemm_isa.byte_permute(target("znver4")) and qgemm_isa.byte_permute(target("icelake-server"))
+    assert not qgemm_isa.byte_permute(target("cascadelake")) and not qgemm_isa.byte_permute(target("skylake-avx512"))
+    assert qgemm_isa.byte_permute(target("skylake-avx512", "+avx512vbmi"))
+    assert not qgemm_isa.byte_permute(target("znver4", "-avx512vbmi"))
+    assert not qgemm_isa.byte_permute(target("znver4", bits=256))
+    assert not qgemm_isa.byte_permute(preset("x86-64-avx2")) and not qgemm_isa.byte_permute(preset("aarch64"))

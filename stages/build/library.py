@@ -239,7 +239,8 @@ def _lower(graph: Graph, module: ir.Module, choices: dict[str, Choice], target: 
             low.root[node.outputs[0]] = low.root.get(node.inputs[0], node.inputs[0])
             low.infos.append(OpInfo(node=node.name, op=node.op, kind="alias"))
         else:
-            ctx = OpCtx.open(module, graph, node, symbol, threads, qgemm_isa.available(target)[0])
+            ctx = OpCtx.open(module, graph, node, symbol, threads, qgemm_isa.available(target)[0],
+                             qgemm_isa.byte_permute(target))
             try:
                 (generic_anchor if node.task is not None and node.task.op in GENERIC_OPS else generator(ctx))(ctx)
             except (UnsupportedOp, ValueError) as exc:

@@ -5,6 +5,7 @@ node with onnxruntime's arithmetic (reference_quant.py gives it; tests/test_quan
 
 - DQ -> Sigmoid -> Q: `qlut`, the 256-entry table QLinearSigmoid builds (MLAS's logistic polynomial).
 - DQ(a) * DQ(b) -> Q (numpy broadcasting; b may be a quantized constant): `qmul`, QLinearMul's float32 rounding.
+  A `qmul` of a tensor by its own `qlut` (SiLU/Swish) becomes one `qlut` of the composed table.
 - DQ -> ReduceMean over H, W (keepdims) -> [Reshape] -> Q: `qmean`; onnxruntime keeps it in float, summing in
   the order of the layout it runs the tensor in (`_layout`): NHWC inside a squeeze-excite block (a running sum
   per channel), NCHW before the classifier (Eigen's vectorised sum of each plane).
@@ -18,7 +19,7 @@ import numpy as np
 
 from stages.graph.ir import Graph, Node, Value
 from stages.graph.passes_quant import _const, _const_dq, _qparams, _run_time_dq, dtype_of, one_type, shifts
-from stages.graph.reference_quant import LUT_FUNCTIONS, lookup_table
+from stages.graph.reference_quant import LUT_FUNCTIONS, QUANT_OPS, lookup_table
 
 # Ops the layout search walks through to the ops that decide onnxruntime's layout of a ReduceMean.
 _LAYOUT_NEUTRAL = ("QuantizeLinear", "DequantizeLinear", "qadd", "qmul", "qlut", "Relu", "Clip")
@@ -31,6 +32,8 @@ def quantize_islands(g: Graph, shifted: set[str]) -> None:
         _lookup(g, node)
     for node in [n for n in g.nodes if n.op == "Mul"]:
         _mul(g, node, shifted)
+    for node in [n for n in g.nodes if n.op == "qmul"]:
+        _compose_lookup(g, node)
     for node in [n for n in g.nodes if n.op == "BatchNormalization"]:
         _batch_norm(g, node)
     for node in [n for n in g.nodes if n.op == "ReduceMean"]:
@@ -104,6 +107,36 @@ def _mul(g: Graph, node: Node, shifted: set[str]) -> None:
     attrs = {"a_zero_point": pa["x_zero_point"], "b_zero_point": pb["x_zero_point"], "ratio": float(ratio),
              "y_zero_point": pa["y_zero_point"], "y_dtype": pa["y_dtype"], **sh}
     _replace(g, node, Node(node.name, "qmul", [a, b], list(q.outputs), attrs), [q])
+
+
+def _compose_lookup(g: Graph, node: Node) -> None:
+    """qmul(x, qlut(x)), a quantized SiLU/Swish (x * sigmoid(x)): both factors are functions of the one byte of
+    x, so the product is one too, and the pair becomes one `qlut` whose table is the qmul of every byte with its
+    table entry: the same bits, one pass over the tensor instead of two (EfficientNet-B0 int8 spent 40% of its
+    time in these 49 pairs). Only without broadcasting, and where the table's output has no other reader."""
+    prod, users = g.producer(), g.consumers()
+    shape = g.values[node.outputs[0]].shape
+    for k, (x, gate) in enumerate((node.inputs, node.inputs[::-1])):
+        lut = prod.get(gate)
+        if lut is None or lut.op != "qlut" or lut.inputs[0] != x or _live_readers(g, gate, users) != [node] \
+                or g.values[x].shape != shape:
+            continue
+        byte = np.arange(256, dtype=np.uint8)
+        xs, gs = byte.view(dtype_of(g, x)), g.constants[lut.inputs[1]].view(dtype_of(g, gate))
+        table = QUANT_OPS["qmul"]([xs, gs] if k == 0 else [gs, xs], node.attrs)[0].view(np.uint8)
+        new = Node(node.name, "qlut", [x, _const(g, f"{node.name}.table", table)], list(node.outputs),
+                   {"fn": f"{lut.attrs['fn']}*x", "y_dtype": node.attrs["y_dtype"]})
+        _replace(g, node, new, [lut])
+        return
+
+
+def _live_readers(g: Graph, name: str, users: dict[str, list[Node]]) -> list[Node]:
+    """The nodes reading `name` whose own outputs someone reads (the islands leave their DequantizeLinear
+    nodes unread until eliminate_dead); [] for a graph output."""
+    if any(v.name == name for v in g.outputs):
+        return []
+    outs = {v.name for v in g.outputs}
+    return [n for n in users.get(name, []) if any(o in users or o in outs for o in n.outputs)]
 
 
 def _batch_norm(g: Graph, node: Node) -> None:

@@ -40,18 +40,19 @@ class OpCtx:
     new_constants: dict[str, np.ndarray] = field(default_factory=dict)
     threads: int = 1
     int8_isa: str = "generic"  # the target's fastest u8 x s8 dot-product path (stages/templates/qgemm_isa.py)
+    byte_permute: bool = False  # the target has AVX-512 VBMI's 64-lane byte permutes (qgemm_isa.byte_permute)
     _ptrs: dict[str, ir.Value] = field(default_factory=dict)
     _entry: ir.IRBuilder | None = None
     _args: ir.Value | None = None
 
     @classmethod
     def open(cls, module: ir.Module, graph: Graph, node: Node, symbol: str, threads: int = 1,
-             int8_isa: str = "generic") -> OpCtx:
+             int8_isa: str = "generic", byte_permute: bool = False) -> OpCtx:
         fn = ir.Function(module, ir.FunctionType(ir.VoidType(), [VOIDP.as_pointer()]), name=symbol)
         fn.linkage = "internal"
         fn.attributes.add("noinline")  # each op optimised alone, not inlined into tf_run's one huge function
         b, eb = _entry_and_body(fn)
-        return cls(graph, node, fn, b, threads=threads, int8_isa=int8_isa, _entry=eb, _args=fn.args[0])
+        return cls(graph, node, fn, b, threads=threads, int8_isa=int8_isa, byte_permute=byte_permute, _entry=eb, _args=fn.args[0])
 
     def close(self) -> None:
         self.b.ret_void()

@@ -14,7 +14,7 @@ from collections.abc import Callable
 import numpy as np
 from llvmlite import ir
 
-from stages.codegen.irb import F32, I32, add, for_range, gep, i64, mul, vec
+from stages.codegen.irb import F32, I32, add, for_range, gep, i64, intrinsic, mul, vec
 from stages.memops import quant_flat, quant_mean
 from stages.memops.loops import Operand, broadcast_strides, contiguous_strides, emit_map, f32
 from stages.memops.opctx import OpCtx
@@ -37,13 +37,42 @@ def _quantized(ctx: OpCtx, b: ir.IRBuilder, y: ir.Value, lo: int | None = None, 
 
 
 def qlut(ctx: OpCtx) -> None:
-    """y = table[byte of x]."""
+    """y = table[byte of x]: 64 bytes at a time by byte permutes where the target has them (AVX-512 VBMI), one
+    byte at a time otherwise (and for a block's last bytes). The scalar loop ran a byte a cycle or so: 1.2 ms
+    for EfficientNet-B0's 65 lookups on Zen 5, 26% of the int8 model."""
     def fn(b: ir.IRBuilder, v: list[ir.Value]) -> ir.Value:
         return b.load(gep(b, ctx.inp(1), b.zext(v[0], I64)), align=1)
 
-    def block(b: ir.IRBuilder, start: ir.Value, count: int) -> None:
+    def scalar(b: ir.IRBuilder, start: ir.Value, count: int) -> None:
         emit_map(b, (count,), Operand(gep(b, ctx.out(), start), (1,)), [Operand(gep(b, ctx.inp(0), start), (1,))], fn)
+
+    def block(b: ir.IRBuilder, start: ir.Value, count: int) -> None:
+        whole = count // BYTES if ctx.byte_permute else 0
+        if whole:
+            table = [_bytes_at(b, ctx.inp(1), i64(k * BYTES)) for k in range(4)]
+            with for_range(b, i64(0), i64(whole), name="v") as v:
+                at = add(b, start, mul(b, v, i64(BYTES)))
+                out = b.bitcast(gep(b, ctx.out(), at), BYTE_VEC.as_pointer())
+                b.store(_lookup64(b, table, _bytes_at(b, ctx.inp(0), at)), out, align=1)
+        if count > whole * BYTES:
+            scalar(b, add(b, start, i64(whole * BYTES)), count - whole * BYTES)
     quant_flat.split(ctx, math.prod(ctx.out_shape()), block)
+
+
+BYTES = 64
+BYTE_VEC = ir.VectorType(ir.IntType(8), BYTES)
+
+
+def _bytes_at(b: ir.IRBuilder, base: ir.Value, at: ir.Value) -> ir.Value:
+    return b.load(b.bitcast(gep(b, base, at), BYTE_VEC.as_pointer()), align=1)
+
+
+def _lookup64(b: ir.IRBuilder, table: list[ir.Value], idx: ir.Value) -> ir.Value:
+    """table[idx] for 64 byte indices: each `vpermi2b` picks from 128 table bytes by an index's low 7 bits,
+    its top bit chooses between the two halves."""
+    fn = intrinsic(b.module, "llvm.x86.avx512.vpermi2var.qi.512", BYTE_VEC, [BYTE_VEC] * 3)
+    low, high = (b.call(fn, [table[2 * h], idx, table[2 * h + 1]]) for h in (0, 1))
+    return b.select(b.icmp_signed("<", idx, ir.Constant(BYTE_VEC, None)), high, low)
 
 
 def qmul(ctx: OpCtx) -> None:

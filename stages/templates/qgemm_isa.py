@@ -35,6 +35,7 @@ _IMPLIED = {
              "x86-64-v4"},
 }
 _IMPLIED["avx512vl"] = _IMPLIED["avx512vnni"] | {"skylake-avx512", "x86-64-v4"}
+_IMPLIED["avx512vbmi"] = (_IMPLIED["avx512vnni"] - {"cascadelake", "cooperlake"}) | {"cannonlake"}
 
 
 def _has(target: Target, feature: str) -> bool:
@@ -111,3 +112,9 @@ def finish(b: ir.IRBuilder, isa: str, acc: list[ir.Value]) -> ir.Value:
 def splat_i32(b: ir.IRBuilder, x: ir.Value, lanes: int) -> ir.Value:
     v = b.insert_element(ir.Constant(ivec(lanes), ir.Undefined), x, ir.Constant(I32, 0))
     return b.shuffle_vector(v, ir.Constant(ivec(lanes), ir.Undefined), ir.Constant(ivec(lanes), None))
+
+
+def byte_permute(target: Target) -> bool:
+    """Whether `target` runs AVX-512 VBMI's byte permutes on 64 lanes (`vpermi2b`: a 128-byte table per
+    instruction), which the int8 table lookups use."""
+    return target.triple.startswith("x86_64") and target.vector_bits == 512 and _has(target, "avx512vbmi")
