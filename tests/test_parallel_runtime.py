@@ -208,3 +208,40 @@ def test_workers_are_named_and_pinned_to_a_cpu_of_their_own(pin, one_cpu):
         assert len(worker) == 1 and worker[0] in process and len(process) >= 2
     else:
         assert worker == process
+
+
+_CALLER_MOVES = """
+import os, sys
+import numpy as np
+from schemas import Target
+from stages.codegen.jit import LoadedKernel
+sys.path.insert(0, "tests")
+from test_parallel_runtime import EXTENT, _count_kernel
+kernel = LoadedKernel(_count_kernel(2), Target.host())
+args = [np.zeros(EXTENT, np.float32)]
+kernel(args)
+worker = next(int(t) for t in os.listdir("/proc/self/task")
+              if open(f"/proc/self/task/{t}/comm").read().strip() == "tunaflow-w1")
+allowed = os.sched_getaffinity(0)
+for _ in range(5):
+    (taken,) = os.sched_getaffinity(worker)
+    os.sched_setaffinity(0, {taken})  # the caller moves onto the worker's CPU, as the scheduler may move it
+    os.sched_setaffinity(0, allowed)
+    kernel(args)
+    if os.sched_getaffinity(worker) != {taken}:
+        print("moved", taken, sorted(os.sched_getaffinity(worker)))
+        break
+else:
+    print("stayed", taken)
+"""
+
+
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="pinning needs two allowed CPUs")
+def test_a_worker_moves_off_the_cpu_its_caller_came_to():
+    """The caller is not pinned: run on the CPU its worker is pinned to, the next loop moves the worker to
+    another CPU, so the two do not share one core for the loop."""
+    env = {k: v for k, v in os.environ.items() if k != "TUNAFLOW_PIN"}
+    proc = subprocess.run([sys.executable, "-c", _CALLER_MOVES], capture_output=True, text=True, env=env,
+                          cwd=Path(__file__).resolve().parents[1], timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.split()[0] == "moved", proc.stdout

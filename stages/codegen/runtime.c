@@ -12,7 +12,8 @@
  * Each worker is pinned to its own allowed CPU, the ones after the caller's (TUNAFLOW_PIN=0 leaves
  * them to the scheduler): unpinned, a worker woken after a pause shared the caller's vCPU here for
  * whole runs of calls (the 2-thread CNN's 40-call turns at 0.21-0.31 ms instead of 0.16, scattered;
- * pinned, its turns stayed at 0.15-0.17 except where the host slowed both builds alike).
+ * pinned, its turns stayed at 0.15-0.17 except where the host slowed both builds alike). A loop whose
+ * caller has come to run on a worker's CPU moves the workers after it again (`keep_off_caller`).
  *
  * The loop is cut into `threads` contiguous chunks that anyone may claim, the caller included:
  * when a worker is slow to wake (its core taken by another runtime's spinning threads), the
@@ -48,6 +49,8 @@ static struct {
   int64_t extent, chunks;
   int workers;
   int64_t spin_ns;
+  pthread_t thread[TF_MAX_WORKERS];
+  int cpu[TF_MAX_WORKERS]; /* the CPU worker w is pinned to, -1 when not pinned */
 } P = {.busy = PTHREAD_MUTEX_INITIALIZER};
 
 static inline void relax(void) {
@@ -155,10 +158,11 @@ static int pin_from_env(void) {
 }
 
 /* Worker w (from 0) onto the (w+1)-th allowed CPU after the caller's, when there are CPUs enough
- * for the caller and `threads - 1` workers each to have its own; else left to the scheduler. */
-static void pin_worker(pthread_t t, int w, int threads) {
+ * for the caller and `threads - 1` workers each to have its own; else left to the scheduler.
+ * Returns the CPU, or -1. */
+static int pin_worker(pthread_t t, int w, int threads) {
   cpu_set_t allowed, one;
-  if (sched_getaffinity(0, sizeof allowed, &allowed) != 0 || CPU_COUNT(&allowed) < threads) return;
+  if (sched_getaffinity(0, sizeof allowed, &allowed) != 0 || CPU_COUNT(&allowed) < threads) return -1;
   int cpus[CPU_SETSIZE], n = 0, at = 0, me = sched_getcpu();
   for (int c = 0; c < CPU_SETSIZE; c++) {
     if (!CPU_ISSET(c, &allowed)) continue;
@@ -167,7 +171,23 @@ static void pin_worker(pthread_t t, int w, int threads) {
   }
   CPU_ZERO(&one);
   CPU_SET(cpus[(at + 1 + w) % n], &one);
-  pthread_setaffinity_np(t, sizeof one, &one);
+  return pthread_setaffinity_np(t, sizeof one, &one) == 0 ? cpus[(at + 1 + w) % n] : -1;
+}
+
+/* The caller is not pinned: when it runs on a CPU one of its workers is pinned to, the workers move to
+ * the CPUs after the caller's again, or that worker's chunk waits for the caller's core. The scheduler
+ * migrates the caller; and each library has a pool of its own, pinned after wherever the caller sat when
+ * that pool started, so two models in one process (a benchmark's default and tuned builds) put their
+ * workers on different CPUs: 2-thread EfficientNet-B0 int8 ran 2.2 ms a call instead of 1.6 in such a
+ * process, its float32 build 5.2 instead of 3.5. Costs a sched_getcpu a loop (the vDSO's, nanoseconds). */
+static void keep_off_caller(int used) {
+  int me = sched_getcpu();
+  for (int w = 0; w < used; w++) {
+    if (P.cpu[w] == me) {
+      for (int v = 0; v < P.workers; v++) P.cpu[v] = pin_worker(P.thread[v], v, P.workers + 1);
+      return;
+    }
+  }
 }
 
 static void start_workers(int wanted) {
@@ -181,7 +201,8 @@ static void start_workers(int wanted) {
     char name[16];
     snprintf(name, sizeof name, "tunaflow-w%u", (unsigned char)(P.workers + 1));
     pthread_setname_np(t, name);
-    if (pin) pin_worker(t, P.workers, wanted + 1);
+    P.thread[P.workers] = t;
+    P.cpu[P.workers] = pin ? pin_worker(t, P.workers, wanted + 1) : -1;
     pthread_detach(t);
     P.workers++;
   }
@@ -206,6 +227,7 @@ void tf_parallel_for(tf_body fn, void *args, int64_t extent, int64_t threads) {
   }
   pthread_once(&fork_hook, install_fork_hook);
   start_workers((int)threads - 1);
+  keep_off_caller((int)threads - 1);
   P.fn = fn;
   P.args = args;
   P.extent = extent;
