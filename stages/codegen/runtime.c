@@ -177,9 +177,8 @@ static int pin_worker(pthread_t t, int w, int threads) {
 /* The caller is not pinned: when it runs on a CPU one of its workers is pinned to, the workers move to
  * the CPUs after the caller's again, or that worker's chunk waits for the caller's core. The scheduler
  * migrates the caller; and each library has a pool of its own, pinned after wherever the caller sat when
- * that pool started, so two models in one process (a benchmark's default and tuned builds) put their
- * workers on different CPUs: 2-thread EfficientNet-B0 int8 ran 2.2 ms a call instead of 1.6 in such a
- * process, its float32 build 5.2 instead of 3.5. Costs a sched_getcpu a loop (the vDSO's, nanoseconds). */
+ * that pool started, so two models in one process (a benchmark's default and tuned builds) may put their
+ * workers on different CPUs. Costs a sched_getcpu a loop (the vDSO's, nanoseconds). */
 static void keep_off_caller(int used) {
   int me = sched_getcpu();
   for (int w = 0; w < used; w++) {

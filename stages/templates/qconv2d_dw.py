@@ -36,7 +36,7 @@ from stages.codegen.parallel import body_args, range_body
 from stages.templates import qgemm_requant as rq_
 from stages.templates.qconv2d_plan import QConvPlan
 from stages.templates.qgemm_codegen import row_mask
-from stages.templates.qgemm_isa import I8, ivec, splat_i32
+from stages.templates.qgemm_isa import I8, dot4, ivec, splat_i32
 from stages.templates.qgemm_pack import aligned
 
 I8P = I8.as_pointer()
@@ -75,6 +75,8 @@ def emit_dw(mod: ir.Module, p: QConvPlan, rq: rq_.Requant, zx_raw: int, signed: 
         yplane = gep(b, b.bitcast(y, I8P), mul(b, add(b, mul(b, n, i64(g.oc)), oc), i64(g.oh * g.ow)))
         wrow = gep(b, b.bitcast(w, I32.as_pointer()), mul(b, oc, i64(taps)))
         wv = [splat_i32(b, b.load(gep(b, wrow, i64(t)), align=4), lanes) for t in range(taps)]
+        grouped = _groups_fit(p)
+        w4 = [_row_weights(b, wrow, kh, g.kw, lanes) for kh in range(g.kh)] if grouped else []
         bv = splat_i32(b, b.load(gep(b, b.bitcast(bias, I32.as_pointer()), oc), align=4), lanes)
         sv = _splat(b, b.load(gep(b, b.bitcast(scale, F32.as_pointer()), oc), align=4), fty)
         oh0 = mul(b, rt, i64(s.rh))
@@ -84,6 +86,7 @@ def emit_dw(mod: ir.Module, p: QConvPlan, rq: rq_.Requant, zx_raw: int, signed: 
             accs = {(r, j): ir.Constant(vty, [0] * lanes) for r in range(s.rh) for j in range(s.nv)}
             rows: dict[int, tuple[ir.Value, ir.Value]] = {}
             loads: dict[tuple[int, int, int], ir.Value] = {}
+            groups: dict[tuple[int, int], ir.Value] = {}
             for r in range(s.rh):
                 for kh in range(g.kh):
                     ro = r * g.sh + kh * g.dh  # input row offset from the tile's first window row
@@ -92,6 +95,12 @@ def emit_dw(mod: ir.Module, p: QConvPlan, rq: rq_.Requant, zx_raw: int, signed: 
                         ok = b.icmp_unsigned("<", ih, i64(g.h))
                         rows[ro] = (ok, gep(b, xplane, mul(b, b.select(ok, ih, i64(0)), i64(g.w))))
                     ok, src = rows[ro]
+                    if grouped:
+                        for j in range(s.nv):
+                            if (ro, j) not in groups:
+                                groups[ro, j] = _row_groups(b, ok, src, ow0, j * lanes, p, signed, zx_raw)
+                            accs[r, j] = dot4(b, s.isa, [accs[r, j]], groups[ro, j], w4[kh])[0]
+                        continue
                     for kw in range(g.kw):
                         for j in range(s.nv):
                             key = (ro, kw, j)
@@ -109,6 +118,52 @@ def emit_dw(mod: ir.Module, p: QConvPlan, rq: rq_.Requant, zx_raw: int, signed: 
                     store_ints(b, out, gep(b, row, i64(j * lanes)), row_mask(b, ok, cm, lanes))
     b.ret_void()
     return fn
+
+
+GROUP_BYTES = 64  # one row load: the bytes 16 lanes of 4-tap groups draw from
+
+
+def _groups_fit(p: QConvPlan) -> bool:
+    """Whether a kernel row's taps fit one `vpdpbusd` group (kw <= 4) and the 16 lanes' windows one 64-byte
+    row load; AVX-512 only (the row load is a byte-masked load)."""
+    g, s = p.g, p.s
+    return s.isa == "vnni512" and s.lanes == 16 and g.kw <= 4 \
+        and (s.lanes - 1) * g.sw + (g.kw - 1) * g.dw + 1 <= GROUP_BYTES
+
+
+def _row_weights(b: ir.IRBuilder, wrow: ir.Value, kh: int, kw: int, lanes: int) -> ir.Value:
+    """Kernel row kh's taps as the signed bytes of one int32 (the 4th byte, and any past kw, zero), splat."""
+    word = ir.Constant(I32, 0)
+    for t in range(kw):
+        tap = b.and_(b.load(gep(b, wrow, i64(kh * kw + t)), align=4), ir.Constant(I32, 0xFF))
+        word = b.or_(word, b.shl(tap, ir.Constant(I32, 8 * t)))
+    return splat_i32(b, word, lanes)
+
+
+def _row_groups(b: ir.IRBuilder, row_ok: ir.Value, src: ir.Value, ow0: ir.Value, j0: int, p: QConvPlan,
+                signed: bool, zx_raw: int) -> ir.Value:
+    """`<16 x i32>` whose lane L holds the input bytes of output column ow0 + j0 + L's window taps in one input
+    row (byte t = tap t, as `_row_weights` orders them): one byte-masked 64-byte load (columns outside the
+    image, and a row outside it, read as the zero point) and one constant byte shuffle, where the tap-by-tap
+    path loads, widens and multiplies each of kw taps."""
+    g, lanes = p.g, p.s.lanes
+    bty = ir.VectorType(I8, GROUP_BYTES)
+    col0 = b.sub(mul(b, add(b, ow0, i64(j0)), i64(g.sw)), i64(g.pl))
+    lo = smin(b, b.select(b.icmp_signed("<", col0, i64(0)), b.neg(col0), i64(0)), i64(GROUP_BYTES))
+    hi = smin(b, b.select(b.icmp_signed("<", col0, i64(g.w)), b.sub(i64(g.w), col0), i64(0)), i64(GROUP_BYTES))
+    below_hi = b.select(b.icmp_signed(">=", hi, i64(GROUP_BYTES)), i64(-1), b.sub(b.shl(i64(1), hi), i64(1)))
+    from_lo = b.select(b.icmp_signed(">=", lo, i64(GROUP_BYTES)), i64(0), b.shl(i64(-1), lo))
+    bits = b.select(row_ok, b.and_(below_hi, from_lo), i64(0))
+    mask = b.bitcast(bits, ir.VectorType(I1, GROUP_BYTES))
+    load = intrinsic(b.module, f"llvm.masked.load.v{GROUP_BYTES}i8.p0", bty,
+                     [bty.as_pointer(), I32, mask.type, bty])
+    v = b.call(load, [b.bitcast(b.gep(src, [col0]), bty.as_pointer()), ir.Constant(I32, 1), mask,
+                      ir.Constant(bty, [zx_raw & 0xFF] * GROUP_BYTES)])
+    if signed:
+        v = b.xor(v, ir.Constant(bty, [0x80] * GROUP_BYTES))
+    idx = [L * g.sw + t * g.dw if t < g.kw else L * g.sw for L in range(lanes) for t in range(4)]
+    picked = b.shuffle_vector(v, ir.Constant(bty, ir.Undefined), ir.Constant(ir.VectorType(I32, 4 * lanes), idx))
+    return b.bitcast(picked, ivec(lanes))
 
 
 def _tap(b: ir.IRBuilder, load: ir.Function, zpad: ir.Constant, wide_lane: ir.Constant, row_ok: ir.Value,
