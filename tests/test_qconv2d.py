@@ -193,3 +193,29 @@ def test_default_lanes_on_channels_for_28_wide_windows_and_pointwise_pixels_that
     inputs = qconv2d.make_inputs(task, seed=2)
     knobs = qconv2d.default_config(task, HOST).knobs
     np.testing.assert_array_equal(_run(task, HOST, knobs, inputs, threads=2), qconv2d.reference(task, inputs))
+
+
+_DW_WIDTHS = """
+import itertools, sys
+from schemas.target import Target
+from schemas.task import parse_epilogue
+from stages.codegen.compile import compile_ir
+from stages.templates import qconv2d
+t = Target.host()
+for kh, kw, sw, xd in itertools.product((1, 3), (1, 2, 3, 4, 5), (1, 2), ("int8", "uint8")):
+    task = qconv2d.task((1, 3, 77, 77), (3, 1, kh, kw), (1, sw), (0, 0, 0, 0), (1, 1), 3, parse_epilogue(""),
+                        x_dtype=xd, y_dtype="int8", x_zero_point=-5 if xd == "int8" else 120, y_zero_point=16)
+    for nv in (1, 3):
+        compile_ir(qconv2d.build_ir(task, {"isa": "vnni512", "mr": 1, "rh": 1, "nv": nv, "uk": 1, "order": "ot_rt",
+                                           "axis": "dw"}, t, 2), t)
+print("compiled")
+"""
+
+
+@pytest.mark.skipif("vnni512" not in available(HOST), reason="the grouped depthwise rows are a VNNI-512 path")
+def test_depthwise_kernels_of_every_window_width_compile():
+    """The differential fuzzer's case 11:19 (a 1x1 depthwise conv) hung `tunaflow build` inside LLVM's x86
+    back end on the grouped-row byte shuffle; window widths 1-5, both strides and input types compile."""
+    proc = subprocess.run([sys.executable, "-c", _DW_WIDTHS], capture_output=True, text=True, timeout=240,
+                          cwd=Path(__file__).resolve().parents[1])
+    assert proc.returncode == 0 and "compiled" in proc.stdout, proc.stderr[-2000:]
