@@ -52,7 +52,8 @@ class OpCtx:
         fn.linkage = "internal"
         fn.attributes.add("noinline")  # each op optimised alone, not inlined into tf_run's one huge function
         b, eb = _entry_and_body(fn)
-        return cls(graph, node, fn, b, threads=threads, int8_isa=int8_isa, byte_permute=byte_permute, _entry=eb, _args=fn.args[0])
+        return cls(graph, node, fn, b, threads=threads, int8_isa=int8_isa, byte_permute=byte_permute, _entry=eb,
+                   _args=fn.args[0])
 
     def close(self) -> None:
         self.b.ret_void()

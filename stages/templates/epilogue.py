@@ -75,7 +75,8 @@ def exp_f32(b: ir.IRBuilder, x: ir.Value, flush: bool = True) -> ir.Value:
     caller that scales it (GELU's erfc tail p * e, Softmax's e / sum over a masked score) made a denormal
     of it, and every arithmetic op on a denormal takes a microcode assist. A built model sets DAZ/FTZ while
     it runs (`tf_fp_enter`), but tuning times each kernel alone without: ViT-B/16's bias+GELU dense measured
-    9% slower than plain bias in tuning from that alone (216 vs 236 GFLOPS; 232 with exp(-z^2) kept normal). `flush=False` skips that compare and select for a caller whose x never goes below -87.3."""
+    9% slower than plain bias in tuning from that alone (216 vs 236 GFLOPS; 232 with exp(-z^2) kept normal).
+    `flush=False` skips that compare and select for a caller whose x never goes below -87.3."""
     ty = x.type
     below = b.fcmp_ordered("<", x, fconst(ty, -87.3)) if flush else None
 
