@@ -74,8 +74,8 @@ def emit_dw(mod: ir.Module, p: QConvPlan, rq: rq_.Requant, zx_raw: int, signed: 
         xplane = gep(b, b.bitcast(x, I8P), mul(b, add(b, mul(b, n, i64(g.c)), grp), i64(g.h * g.w)))
         yplane = gep(b, b.bitcast(y, I8P), mul(b, add(b, mul(b, n, i64(g.oc)), oc), i64(g.oh * g.ow)))
         wrow = gep(b, b.bitcast(w, I32.as_pointer()), mul(b, oc, i64(taps)))
-        wv = [splat_i32(b, b.load(gep(b, wrow, i64(t)), align=4), lanes) for t in range(taps)]
         grouped = _groups_fit(p)
+        wv = [] if grouped else [splat_i32(b, b.load(gep(b, wrow, i64(t)), align=4), lanes) for t in range(taps)]
         w4 = [_row_weights(b, wrow, kh, g.kw, lanes) for kh in range(g.kh)] if grouped else []
         bv = splat_i32(b, b.load(gep(b, b.bitcast(bias, I32.as_pointer()), oc), align=4), lanes)
         sv = _splat(b, b.load(gep(b, b.bitcast(scale, F32.as_pointer()), oc), align=4), fty)
