@@ -283,3 +283,45 @@ def test_qbatchnorm_library_on_the_worker_pool_equals_the_interpreter(tmp_path, 
     want = QUANT_OPS["qbatchnorm"]([x, *(g.constants[i] for i in node.inputs[1:])], node.attrs)[0]
     build_library(g, Target.host(), tmp_path / "lib", threads)
     np.testing.assert_array_equal(load(tmp_path / "lib").run(x=x)["y"], want)
+
+
+def _concat_model(parts: list[tuple[str, int, float, int]], hw: tuple[int, int], images: int, sy: float, zy: int) \
+        -> onnx.ModelProto:
+    """DQ(x_i) (dtype, channels, scale, zero point each) -> Concat over channels -> Q(sy, zy) to uint8."""
+    names = [f"x{i}" for i in range(len(parts))]
+    nodes = [helper.make_node("DequantizeLinear", [n, f"s{n}", f"z{n}"], [f"{n}f"]) for n in names]
+    nodes += [helper.make_node("Concat", [f"{n}f" for n in names], ["cat"], axis=1),
+              helper.make_node("QuantizeLinear", ["cat", "sy", "zy"], ["y"])]
+    inits = {"sy": f(sy), "zy": np.array(zy, np.uint8)}
+    for n, (dtype, _, s, z) in zip(names, parts, strict=True):
+        inits |= {f"s{n}": f(s), f"z{n}": np.array(z, dtype)}
+    graph = helper.make_graph(
+        nodes, "concat", [helper.make_tensor_value_info(n, ELEM[d], [images, c, *hw])
+                          for n, (d, c, _, _) in zip(names, parts, strict=True)],
+        [helper.make_tensor_value_info("y", ELEM["uint8"], None)],
+        [numpy_helper.from_array(np.asarray(v), k) for k, v in inits.items()])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 19)])
+    model.ir_version = 9
+    return model
+
+
+@pytest.mark.parametrize("target", ["host", "x86-64-avx2"])
+@pytest.mark.parametrize("threads", [1, 2])
+def test_concat_of_different_scales_is_onnxruntimes_float_chain(tmp_path, target, threads):
+    """DenseNet's pattern: int8 tensors of their own scales concatenated and requantized. Runs longer than a
+    parallel block, shorter than one vector, a run of one plane, an int8 input and one already on the output's
+    scale; the host's byte-permute lookups and the float chain of a target without them, both exactly as
+    onnxruntime's DequantizeLinear -> Concat -> QuantizeLinear."""
+    sy, zy = 0.05, 7
+    parts = [("uint8", 400, 0.02, 3), ("int8", 3, 0.11, -5), ("uint8", 1, sy, zy), ("int8", 2, 0.013, 0)]
+    model = _concat_model(parts, (7, 7), 2, sy, zy)
+    onnx.save(model, tmp_path / "m.onnx")
+    graph = optimize(load_model(tmp_path / "m.onnx"))
+    assert [n.op for n in graph.nodes] == ["qconcat"]
+    build_library(graph, Target.parse(target), tmp_path / "lib", threads)
+    library = load(tmp_path / "lib")
+    rng = np.random.default_rng(threads)
+    for _ in range(3):
+        feeds = {f"x{i}": rng.integers(0, 256, (2, c, 7, 7)).astype(np.uint8).view(d)
+                 for i, (d, c, _, _) in enumerate(parts)}
+        np.testing.assert_array_equal(library.run(**feeds)["y"], onnxruntime_run(model, feeds)["y"])

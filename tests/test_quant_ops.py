@@ -223,14 +223,14 @@ def test_max_pool_reshape_and_concat_stay_int8_between_equal_scales(tmp_path):
              helper.make_node("DequantizeLinear", ["pq", "s", "z"], ["pf"]),
              helper.make_node("Concat", ["pf", "bf"], ["cat"], axis=1),
              helper.make_node("QuantizeLinear", ["cat", "s", "z"], ["catq"]),
-             helper.make_node("Concat", ["pf", "bf"], ["cat2"], axis=1),  # another scale: stays float
+             helper.make_node("Concat", ["pf", "bf"], ["cat2"], axis=1),  # another scale: requantized by tables
              helper.make_node("QuantizeLinear", ["cat2", "s2", "z"], ["cat2q"])]
     model = _model(nodes, [("a", "uint8", (1, 2, 7, 9)), ("b", "uint8", (1, 3, 4, 5))],
                    [("catq", "uint8"), ("cat2q", "uint8")], inits)
     graph = optimize(load_model(model))
     ops = {n.outputs[0]: (n.op, [graph.values[i].dtype for i in n.inputs]) for n in graph.nodes}
     assert ops["pq"] == ("MaxPool", ["uint8"]) and ops["catq"] == ("Concat", ["uint8", "uint8"])
-    assert ops["cat2"][0] == "Concat" and ops["cat2"][1] == ["float32", "float32"]
+    assert ops["cat2q"][0] == "qconcat" and ops["cat2q"][1] == ["uint8", "uint8", "uint8"]
     rng = np.random.default_rng(9)
     feeds = {"a": rng.integers(0, 256, (1, 2, 7, 9)).astype(np.uint8),
              "b": rng.integers(0, 256, (1, 3, 4, 5)).astype(np.uint8)}

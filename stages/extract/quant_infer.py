@@ -50,6 +50,7 @@ SHAPES: dict[str, Callable[[list[Shape], dict], list[Shape]]] = {
     "qmul": lambda s, a: [tuple(int(d) for d in np.broadcast_shapes(s[0], s[1]))],
     "qmean": lambda s, a: [(*s[0][:2], 1, 1)],
     "qbatchnorm": lambda s, a: [s[0]],
+    "qconcat": lambda s, a: [(s[0][0], sum(x[1] for x in s[:-1]), *s[0][2:])],
 }
 
 DTYPES: dict[str, Callable[[list[str], dict], list[str]]] = {
@@ -62,5 +63,5 @@ DTYPES: dict[str, Callable[[list[str], dict], list[str]]] = {
     "qdense": lambda ins, a: [a["y_dtype"]],
     "qadd": lambda ins, a: [a["y_dtype"]],
     "qavgpool": lambda ins, a: [a["y_dtype"]],
-    **{op: (lambda ins, a: [a["y_dtype"]]) for op in ("qlut", "qmul", "qmean", "qbatchnorm")},
+    **{op: (lambda ins, a: [a["y_dtype"]]) for op in ("qlut", "qmul", "qmean", "qbatchnorm", "qconcat")},
 }

@@ -317,12 +317,20 @@ def _qbatchnorm(args: list[np.ndarray], a: dict) -> list[np.ndarray]:
     return [np.maximum(q, q.dtype.type(a["y_zero_point"])) if a["relu"] else q]
 
 
+def _qconcat(args: list[np.ndarray], a: dict) -> list[np.ndarray]:
+    """DQ(x_0) ... DQ(x_k) -> Concat over channels -> Q: input i's bytes through row i of the [k, 256] table of
+    quantize(dequantize_i(byte)) (passes_quant_islands.py builds it with quantize and dequantize above)."""
+    *xs, table = args
+    return [np.concatenate([table[i][x.view(np.uint8)] for i, x in enumerate(xs)], axis=1).view(a["y_dtype"])]
+
+
 QUANT_OPS: dict[str, OpFn] = {
     "qavgpool": _qavgpool,
     "qlut": _qlut,
     "qmul": _qmul,
     "qmean": _qmean,
     "qbatchnorm": _qbatchnorm,
+    "qconcat": _qconcat,
     "qadd": _qadd,
     "QuantizeLinear": lambda args, a: [quantize(args[0], args[1], args[2], a["axis"], a["dtype"])],
     "DequantizeLinear": lambda args, a: [dequantize(args[0], args[1], args[2], a["axis"])],

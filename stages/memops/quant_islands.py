@@ -49,11 +49,11 @@ def qlut(ctx: OpCtx) -> None:
     def block(b: ir.IRBuilder, start: ir.Value, count: int) -> None:
         whole = count // BYTES if ctx.byte_permute else 0
         if whole:
-            table = [_bytes_at(b, ctx.inp(1), i64(k * BYTES)) for k in range(4)]
+            table = [bytes_at(b, ctx.inp(1), i64(k * BYTES)) for k in range(4)]
             with for_range(b, i64(0), i64(whole), name="v") as v:
                 at = add(b, start, mul(b, v, i64(BYTES)))
                 out = b.bitcast(gep(b, ctx.out(), at), BYTE_VEC.as_pointer())
-                b.store(_lookup64(b, table, _bytes_at(b, ctx.inp(0), at)), out, align=1)
+                b.store(lookup64(b, table, bytes_at(b, ctx.inp(0), at)), out, align=1)
         if count > whole * BYTES:
             scalar(b, add(b, start, i64(whole * BYTES)), count - whole * BYTES)
     quant_flat.split(ctx, math.prod(ctx.out_shape()), block)
@@ -63,11 +63,11 @@ BYTES = 64
 BYTE_VEC = ir.VectorType(ir.IntType(8), BYTES)
 
 
-def _bytes_at(b: ir.IRBuilder, base: ir.Value, at: ir.Value) -> ir.Value:
+def bytes_at(b: ir.IRBuilder, base: ir.Value, at: ir.Value) -> ir.Value:
     return b.load(b.bitcast(gep(b, base, at), BYTE_VEC.as_pointer()), align=1)
 
 
-def _lookup64(b: ir.IRBuilder, table: list[ir.Value], idx: ir.Value) -> ir.Value:
+def lookup64(b: ir.IRBuilder, table: list[ir.Value], idx: ir.Value) -> ir.Value:
     """table[idx] for 64 byte indices: each `vpermi2b` picks from 128 table bytes by an index's low 7 bits,
     its top bit chooses between the two halves."""
     fn = intrinsic(b.module, "llvm.x86.avx512.vpermi2var.qi.512", BYTE_VEC, [BYTE_VEC] * 3)

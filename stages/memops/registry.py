@@ -17,6 +17,7 @@ from stages.memops import (
     indexing,
     layout,
     quant,
+    quant_concat,
     quant_islands,
     reduce,
     resize,
@@ -27,7 +28,7 @@ from stages.memops.opctx import OpCtx, UnsupportedOp
 Generator = Callable[[OpCtx], None]
 FLOAT_OPS: dict[str, Generator] = {**elementwise.OPS, **reduce.OPS, **conv_transpose.OPS, **attention.OPS}
 ANY_TYPE: dict[str, Generator] = {**layout.OPS, **typed.TYPED_OPS, **indexing.OPS, **quant.OPS, **quant_islands.OPS,
-                                  **resize.OPS}
+                                  **quant_concat.OPS, **resize.OPS}
 OPS: dict[str, Generator] = {**FLOAT_OPS, **ANY_TYPE}
 ALIASES = layout.ALIASES
 
