@@ -385,6 +385,22 @@ def test_qavgpool_rounds_exact_ties_as_onnxruntime_adding_the_zero_point_first(t
     assert np.array_equal(ReferenceEvaluator(model).run(None, {"x": x})[0].astype(int), spec)
 
 
+@pytest.mark.parametrize("threads", [1, 2])
+def test_qavgpool_planes_on_the_worker_pool_match_onnxruntime(tmp_path, threads):
+    """DenseNet-121's transition pool (2x2, stride 2) on two images of 160 planes of 28x28: enough planes that two
+    threads share them; every byte as onnxruntime's."""
+    inits = {"sx": np.float32(0.0371), "zx": np.array(119, np.uint8), "sy": np.float32(0.0233),
+             "zy": np.array(101, np.uint8)}
+    nodes = [helper.make_node("DequantizeLinear", ["x", "sx", "zx"], ["xf"]),
+             helper.make_node("AveragePool", ["xf"], ["p"], kernel_shape=[2, 2], strides=[2, 2]),
+             helper.make_node("QuantizeLinear", ["p", "sy", "zy"], ["y"])]
+    model = _model(nodes, [("x", "uint8", (2, 160, 28, 28))], [("y", "uint8")], inits)
+    graph = optimize(load_model(model))
+    build_library(graph, Target.host(), tmp_path / "lib", threads)
+    x = np.random.default_rng(threads).integers(0, 256, (2, 160, 28, 28)).astype(np.uint8)
+    np.testing.assert_array_equal(load(tmp_path / "lib").run(x=x)["y"], onnxruntime_run(model, {"x": x})["y"])
+
+
 @pytest.mark.parametrize("dtype", ["uint8", "int8"])
 @pytest.mark.parametrize(("in_readers", "out_readers"), [(1, 1), (1, 2), (2, 1), (2, 2)])
 def test_an_average_pool_fuses_only_where_onnxruntime_fuses_it(tmp_path, dtype, in_readers, out_readers):
