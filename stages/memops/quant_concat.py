@@ -14,12 +14,12 @@ import math
 
 from llvmlite import ir
 
-from stages.codegen.irb import F32, I32, add, for_range, gep, i64, intrinsic, mul
+from stages.codegen.irb import F32, I32, add, for_range, gep, i64, mul
 from stages.memops import quant_flat
 from stages.memops.loops import f32
 from stages.memops.opctx import OpCtx
 from stages.memops.quant import roundeven, saturate, widen
-from stages.memops.quant_islands import BYTE_VEC, BYTES, bytes_at, lookup64
+from stages.memops.quant_islands import lookup_run
 
 
 def qconcat(ctx: OpCtx) -> None:
@@ -45,30 +45,9 @@ def qconcat(ctx: OpCtx) -> None:
                 dst = gep(b, ctx.out(), add(b, mul(b, image, i64(channels * plane)),
                                             add(b, i64(offsets[i] * plane), start)))
                 if ctx.byte_permute:
-                    _lookup_run(ctx, b, src, dst, gep(b, ctx.inp(len(counts)), i64(256 * i)), count)
+                    lookup_run(b, src, dst, gep(b, ctx.inp(len(counts)), i64(256 * i)), count)
                 else:
                     _requantize_run(ctx, b, i, src, dst, count)
-
-
-def _lookup_run(ctx: OpCtx, b: ir.IRBuilder, src: ir.Value, dst: ir.Value, table: ir.Value, count: ir.Value) \
-        -> None:
-    """dst[:count] = table[src[:count]]: whole vectors, then the rest by a byte-masked load and store."""
-    rows = [bytes_at(b, table, i64(k * BYTES)) for k in range(4)]
-    whole = b.udiv(count, i64(BYTES))
-    with for_range(b, i64(0), whole, name="v") as v:
-        at = mul(b, v, i64(BYTES))
-        b.store(lookup64(b, rows, bytes_at(b, src, at)), b.bitcast(gep(b, dst, at), BYTE_VEC.as_pointer()), align=1)
-    rest = b.sub(count, mul(b, whole, i64(BYTES)))
-    with b.if_then(b.icmp_unsigned("!=", rest, i64(0))):
-        at = mul(b, whole, i64(BYTES))
-        mask = b.bitcast(b.sub(b.shl(i64(1), rest), i64(1)), ir.VectorType(ir.IntType(1), BYTES))
-        ptr = [b.bitcast(gep(b, p, at), BYTE_VEC.as_pointer()) for p in (src, dst)]
-        load = intrinsic(b.module, "llvm.masked.load.v64i8.p0", BYTE_VEC,
-                         [BYTE_VEC.as_pointer(), I32, mask.type, BYTE_VEC])
-        store = intrinsic(b.module, "llvm.masked.store.v64i8.p0", ir.VoidType(),
-                          [BYTE_VEC, BYTE_VEC.as_pointer(), I32, mask.type])
-        x = b.call(load, [ptr[0], ir.Constant(I32, 1), mask, ir.Constant(BYTE_VEC, None)])
-        b.call(store, [lookup64(b, rows, x), ptr[1], ir.Constant(I32, 1), mask])
 
 
 def _requantize_run(ctx: OpCtx, b: ir.IRBuilder, i: int, src: ir.Value, dst: ir.Value, count: ir.Value) -> None:
