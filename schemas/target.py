@@ -77,6 +77,12 @@ class Target(BaseModel):
         return self.vector_bits // 32
 
     @property
+    def double_pumped(self) -> bool:
+        """Whether 512-bit ops run as two 256-bit halves (Zen 4): there half-width vectors issue as many
+        FLOPs per cycle as full ones, where Zen 5 and Intel's AVX-512 cores run them at half the rate."""
+        return self.vector_bits == 512 and self.cpu == "znver4"
+
+    @property
     def vector_registers(self) -> int:
         if self.vector_bits == 512 or self.triple.startswith("aarch64"):
             return 32

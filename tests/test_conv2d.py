@@ -141,10 +141,31 @@ def test_depthwise_defaults_unroll_the_window_over_full_vectors_and_match_numpy(
     assert_matches(small, run(small, knobs, inputs, threads=2), conv2d.reference(small, inputs))
 
 
-def test_a_depthwise_layer_whose_flat_grid_wastes_the_lanes_keeps_the_column_tile():
+def test_a_depthwise_layer_whose_flat_grid_wastes_the_lanes_keeps_the_column_tile_where_halves_run_as_fast():
+    """Zen 4 runs 8-lane FMAs at the 16-lane rate, so 7 of 8 lanes beat the flat grid's 49 of 128; on a
+    full-rate AVX-512 core an 8-lane FMA is half the work per cycle and the flat 16-lane grid wins
+    (Zen 5, 1152x7x7 5x5 + bias + swish: 41 vs 31.5 GFLOPS)."""
     task = conv2d.conv2d_task((1, 1152, 7, 7), (1152, 1, 5, 5), (1, 1), (2, 2, 2, 2), (1, 1), 1152)
-    knobs = conv2d.default_config(task, preset("x86-64-avx512")).knobs
+    zen4 = preset("x86-64-avx512").model_copy(update={"cpu": "znver4"})
+    assert zen4.double_pumped and not preset("x86-64-avx512").double_pumped
+    knobs = conv2d.default_config(task, zen4).knobs
     assert (knobs["vw"], knobs["flat"], knobs["unroll"]) == (8, 0, 1), knobs  # 49 of 128 lanes flat
+    knobs = conv2d.default_config(task, preset("x86-64-avx512")).knobs
+    assert (knobs["vw"], knobs["flat"]) == (16, 1), knobs
+
+
+@pytest.mark.parametrize("x,w,stride,pad", [((1, 3, 224, 224), (64, 3, 7, 7), 2, 3),
+                                            ((1, 3, 224, 224), (32, 3, 3, 3), 2, 1),
+                                            ((1, 144, 28, 28), (40, 144, 1, 1), 1, 0),
+                                            ((1, 64, 73, 73), (80, 64, 1, 1), 1, 0)])
+def test_column_tiles_take_full_width_vectors_on_full_rate_avx512(x, w, stride, pad):
+    """Stems on 3 channels and 1x1 layers with too few output channels for channel vectors: 8-lane
+    vectors (which tile 112- and 28-wide outputs exactly) ran them at 0.5-0.6x the 16-lane tile on Zen 5
+    (7x7 stem 127 -> 245 GFLOPS, 3x3 stem 105 -> 184, 144x28x28 -> 40 126 -> 201, 64x73x73 -> 80 118 -> 211)."""
+    task = conv2d.conv2d_task(x, w, (stride, stride), (pad,) * 4)
+    full = preset("x86-64-avx512")
+    assert conv2d.default_config(task, full).knobs["vw"] == 16
+    assert conv2d.default_config(task, full.model_copy(update={"cpu": "znver4"})).knobs["vw"] == 8
 
 
 @pytest.mark.parametrize("x,oc,axis", [((1, 64, 14, 14), 384, "oc"), ((1, 32, 28, 28), 192, "oc"),
@@ -260,8 +281,11 @@ def test_defaults_pick_the_vector_axis_and_the_flat_grid():
                     ((1, 128, 56, 56), (128, 128, 3, 3), 2)):  # 16 channels x 2 rows x 14 pixels, one channel block
         assert {k: default(x, w, s)[k] for k in ("axis", "vw", "mr", "nw", "rh", "flat", "icb")} == \
             {"axis": "oc", "vw": 16, "mr": 16, "nw": 1, "rh": 2, "flat": 0, "icb": x[1]}
-    assert default((1, 8, 28, 28), (64, 8, 3, 3))["flat"] == 1  # 28 of 32 lanes in rows; 784 of 840 on the grid
-    assert default((1, 8, 56, 56), (64, 8, 3, 3))["flat"] == 0  # 56 columns fill 7 vectors exactly
+    zen4, full = preset("x86-64-avx512").model_copy(update={"cpu": "znver4"}), preset("x86-64-avx512")
+    assert default((1, 8, 28, 28), (64, 8, 3, 3), target=zen4)["flat"] == 1  # 28 of 32 lanes in rows; 784 of 840 flat
+    assert default((1, 8, 56, 56), (64, 8, 3, 3), target=zen4)["flat"] == 0  # 56 columns fill 7 half vectors exactly
+    # at full rate a half vector is half the FMAs: 16 lanes on the flat grid (Zen 5: 194 vs 127 GFLOPS)
+    assert {k: default((1, 8, 56, 56), (64, 8, 3, 3), target=full)[k] for k in ("vw", "flat")} == {"vw": 16, "flat": 1}
     assert default((1, 64, 56, 56), (64, 64, 3, 3), target=preset("x86-64-avx2"))["axis"] == "w"
 
 
