@@ -46,6 +46,22 @@ def test_resume_skips_measured_configs_and_stops_at_budget(tmp_path, host):
     assert again.new_trials == 0 and len(log.records()) == 7
 
 
+def test_a_resumed_log_without_the_current_default_measures_it_first(tmp_path, host):
+    """A log written when the template's default was another schedule: its best may lose to today's
+    default, which the resumed session measures before the tuner's proposals."""
+    full = TuningLog(tmp_path / "full")
+    tune_task(TASK, host, options(n_trials=4), full)
+    default_index = default_record(full, TASK, host, 1).config.index
+    log = TuningLog(tmp_path / "log")
+    log.append([r for r in full.records() if r.config.index != default_index])
+    assert default_record(log, TASK, host, 1) is None
+    old_sessions = {r.session_id for r in log.records()}
+    summary = tune_task(TASK, host, options(n_trials=4), log)
+    added = [r for r in log.records() if r.session_id not in old_sessions]
+    assert summary.new_trials == 1 and [r.config.index for r in added] == [default_index]
+    assert default_record(log, TASK, host, 1) is not None
+
+
 def test_records_of_an_older_template_version_are_not_trials(tmp_path, host):
     old_log = TuningLog(tmp_path / "old")
     tune_task(TASK, host, options(n_trials=3), old_log)

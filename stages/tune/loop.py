@@ -128,7 +128,9 @@ def _drive(sessions: list[TuningSession], weights: list[int], target: Target, op
             except NoValidConfig:
                 unservable.add(s)
                 continue
-            if remaining > 0 and s.trials == 0 and not s.retrying:  # a rerun after an outage retries its own first
+            # First the default, unless the log has it: a log from an older tunaflow may predate this default
+            # (which can beat its best); a rerun after an outage retries its own configs first.
+            if remaining > 0 and not s.measured(default) and not s.retrying:
                 remaining -= measure_and_record(s, [default])[0]
         if remaining > 0 and sessions:
             allocate(SCHEDULERS[scheduler](options.seed), [step_for(s) for s in sessions], weights, remaining,

@@ -112,6 +112,7 @@ class TuningSession:
         known |= {r.config.index for r in copied}
         # Configs whose every record is an `unknown` error go first, before the tuner's proposals.
         self._retry = list({r.config.index: r.config for r in mine if r.config.index not in known}.values())
+        self._measured = set(known)
         self.start_trials = len(previous)
         self.trials = len(previous)
         self.best: TuningRecord | None = min((r for r in previous if r.result.ok),
@@ -127,6 +128,11 @@ class TuningSession:
         self._spreads: list[float] = []
         self._rounds = 0
         self._noise: Noise | None = None
+
+    def measured(self, config: Config) -> bool:
+        """Whether the log held a trial of `config` when the session started (a resumed log may predate
+        the current default schedule)."""
+        return config.index in self._measured
 
     @property
     def retrying(self) -> bool:
