@@ -57,7 +57,8 @@ def report(outcomes: list[Outcome], wall_s: float, args, command: str) -> str:
              + f" | {statistics.median(o.seconds for o in outcomes):.2f} | {wall_s / len(outcomes):.2f} |", "",
              f"Tuned builds that ran a Winograd twin: {sum(o.winograd > 0 for o in outcomes)}; builds with padded "
              f"conv hand-offs: {sum(o.halo > 0 for o in outcomes)}; with strided batch-matmul views: "
-             f"{sum(o.views > 0 for o in outcomes)}; anchors per build: "
+             f"{sum(o.views > 0 for o in outcomes)}; with element-wise chains in one pass: "
+             f"{sum(o.chains > 0 for o in outcomes)}; anchors per build: "
              f"{statistics.mean(o.anchors for o in outcomes):.1f} on average."]
     if args.int8 and args.family == "transformer":
         lines[-1] += (f" Builds off onnxruntime's int8 output but within the float rule of its basic level (no "

@@ -38,6 +38,7 @@ import numpy as np
 
 from stages.graph.ir import Graph, Node, Value
 from stages.graph.passes_act import rewrite_activations
+from stages.graph.passes_chain import fuse_chains
 from stages.graph.passes_conv import prune_padding_taps, split_sparse_taps
 from stages.graph.passes_fuse import fuse
 from stages.graph.passes_norm import fuse_add_layernorm, rewrite_layernorm
@@ -53,7 +54,7 @@ def optimize(graph: Graph) -> Graph:
     g = copy.deepcopy(graph, memo={id(a): a for a in graph.constants.values()})
     for p in (quantize_graph, assign_int8_tasks, fold_batchnorm, prune_padding_taps, split_sparse_taps,
               rewrite_activations, rewrite_layernorm,
-              simplify_views, fuse_attention_softmax, fuse, fuse_add_layernorm, eliminate_dead):
+              simplify_views, fuse_attention_softmax, fuse, fuse_add_layernorm, fuse_chains, eliminate_dead):
         p(g)
     return g
 

@@ -295,7 +295,21 @@ def _div(x: np.ndarray, y: np.ndarray) -> np.ndarray:
     return x / y
 
 
+def _chain(args: list[np.ndarray], a: dict) -> list[np.ndarray]:
+    """passes_chain.py's fused links, op by op as the unfused graph ran them."""
+    parts = a.get("concat", 1)
+    x = np.concatenate(args[:parts], axis=a.get("axis", 1)) if parts > 1 else args[0]
+    for s in a["steps"]:
+        if s.get("operand") is None:
+            x = OPS[s["op"]]([x], s["attrs"])[0]
+        else:
+            c = args[s["operand"]]
+            x = OPS[s["op"]]([c, x] if s.get("left") else [x, c], s["attrs"])[0]
+    return [x]
+
+
 OPS: dict[str, OpFn] = {
+    "ElementwiseChain": _chain,
     "Add": _binary(np.add), "Sub": _binary(np.subtract), "Mul": _binary(np.multiply), "Div": _binary(_div),
     "Pow": _binary(np.power),
     "Sum": _variadic(np.add),

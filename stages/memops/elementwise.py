@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 from llvmlite import ir
 
+from stages.memops.concat_chain import concat_chain
 from stages.memops.loops import (
     Combine,
     Operand,
@@ -34,8 +36,12 @@ def elementwise(ctx: OpCtx, fn: Combine, inputs: list[int] | None = None) -> Non
              lambda b, v: fn(b, [convert(b, x, k, "float32") for x, k in zip(v, kinds, strict=True)]))
 
 
-def _unary(f: Callable[[ir.IRBuilder, ir.Value], ir.Value]) -> Callable[[OpCtx], None]:
-    return lambda ctx: elementwise(ctx, lambda b, v: f(b, v[0]), [0])
+Attr = Callable[..., Any]  # (name, default) -> the op's attribute
+Unary = Callable[[ir.IRBuilder, ir.Value], ir.Value]
+
+
+def _plain(f: Unary) -> Callable[[Attr], Unary]:
+    return lambda attr: f
 
 
 def _fold(f: Callable[[ir.IRBuilder, ir.Value, ir.Value], ir.Value]) -> Combine:
@@ -52,37 +58,36 @@ def relu(b: ir.IRBuilder, x: ir.Value) -> ir.Value:
     return epilogue_op(b, "relu", x)
 
 
-def _gelu(ctx: OpCtx) -> None:
-    kind = "gelu_tanh" if ctx.attr("approximate", "none") == "tanh" else "gelu"
-    elementwise(ctx, lambda b, v: epilogue_op(b, kind, v[0]), [0])
+def _gelu(attr: Attr) -> Unary:
+    kind = "gelu_tanh" if attr("approximate", "none") == "tanh" else "gelu"
+    return lambda b, x: epilogue_op(b, kind, x)
 
 
-def _hard_swish(ctx: OpCtx) -> None:
-    alpha, beta = float(ctx.attr("alpha", 1 / 6)), float(ctx.attr("beta", 0.5))
-    elementwise(ctx, lambda b, v: epilogue_op(b, "hard_swish", v[0], alpha=alpha, beta=beta), [0])
+def _hard_swish(attr: Attr) -> Unary:
+    alpha, beta = float(attr("alpha", 1 / 6)), float(attr("beta", 0.5))
+    return lambda b, x: epilogue_op(b, "hard_swish", x, alpha=alpha, beta=beta)
 
 
-def _swish(ctx: OpCtx) -> None:
-    alpha = float(ctx.attr("alpha", 1.0))
-    elementwise(ctx, lambda b, v: epilogue_op(b, "swish", v[0], alpha=alpha), [0])
+def _swish(attr: Attr) -> Unary:
+    alpha = float(attr("alpha", 1.0))
+    return lambda b, x: epilogue_op(b, "swish", x, alpha=alpha)
 
 
-def _clip(ctx: OpCtx) -> None:
-    lo, hi = ctx.attr("min"), ctx.attr("max")
+def _clip(attr: Attr) -> Unary:
+    lo, hi = attr("min"), attr("max")
 
-    def f(b, v):
-        x = v[0]
+    def f(b: ir.IRBuilder, x: ir.Value) -> ir.Value:
         if lo is not None:
             x = select_max(b, x, f32(float(lo)))
         if hi is not None:
             x = select_min(b, x, f32(float(hi)))
         return x
-    elementwise(ctx, f, [0])
+    return f
 
 
-def _leaky_relu(ctx: OpCtx) -> None:
-    alpha = float(ctx.attr("alpha", 0.01))
-    elementwise(ctx, lambda b, v: b.select(b.fcmp_ordered(">=", v[0], f32(0)), v[0], b.fmul(v[0], f32(alpha))), [0])
+def _leaky_relu(attr: Attr) -> Unary:
+    alpha = float(attr("alpha", 0.01))
+    return lambda b, x: b.select(b.fcmp_ordered(">=", x, f32(0)), x, b.fmul(x, f32(alpha)))
 
 
 def _elu_value(b: ir.IRBuilder, x: ir.Value, alpha: float) -> ir.Value:
@@ -91,24 +96,23 @@ def _elu_value(b: ir.IRBuilder, x: ir.Value, alpha: float) -> ir.Value:
     return b.select(b.fcmp_ordered(">=", x, f32(0)), x, neg)
 
 
-def _elu(ctx: OpCtx) -> None:
-    alpha = float(ctx.attr("alpha", 1.0))
-    elementwise(ctx, lambda b, v: _elu_value(b, v[0], alpha), [0])
+def _elu(attr: Attr) -> Unary:
+    alpha = float(attr("alpha", 1.0))
+    return lambda b, x: _elu_value(b, x, alpha)
 
 
-def _selu(ctx: OpCtx) -> None:
-    alpha, gamma = float(ctx.attr("alpha")), float(ctx.attr("gamma"))
-    elementwise(ctx, lambda b, v: b.fmul(f32(gamma), _elu_value(b, v[0], alpha)), [0])
+def _selu(attr: Attr) -> Unary:
+    alpha, gamma = float(attr("alpha")), float(attr("gamma"))
+    return lambda b, x: b.fmul(f32(gamma), _elu_value(b, x, alpha))
 
 
-def _shrink(ctx: OpCtx) -> None:
-    lambd, bias = float(ctx.attr("lambd", 0.5)), float(ctx.attr("bias", 0.0))
+def _shrink(attr: Attr) -> Unary:
+    lambd, bias = float(attr("lambd", 0.5)), float(attr("bias", 0.0))
 
-    def f(b, v):
-        x = v[0]
+    def f(b: ir.IRBuilder, x: ir.Value) -> ir.Value:
         above = b.select(b.fcmp_ordered(">", x, f32(lambd)), b.fsub(x, f32(bias)), f32(0))
         return b.select(b.fcmp_ordered("<", x, f32(-lambd)), b.fadd(x, f32(bias)), above)
-    elementwise(ctx, f, [0])
+    return f
 
 
 def _sign(b: ir.IRBuilder, x: ir.Value) -> ir.Value:
@@ -123,10 +127,9 @@ def _softplus(b: ir.IRBuilder, x: ir.Value) -> ir.Value:
     return b.fadd(relu(b, x), tail)
 
 
-def _hard_sigmoid(ctx: OpCtx) -> None:
-    alpha, beta = float(ctx.attr("alpha", 0.2)), float(ctx.attr("beta", 0.5))
-    elementwise(ctx, lambda b, v: select_min(b, select_max(b, b.fadd(b.fmul(v[0], f32(alpha)), f32(beta)), f32(0)),
-                                             f32(1)), [0])
+def _hard_sigmoid(attr: Attr) -> Unary:
+    alpha, beta = float(attr("alpha", 0.2)), float(attr("beta", 0.5))
+    return lambda b, x: select_min(b, select_max(b, b.fadd(b.fmul(x, f32(alpha)), f32(beta)), f32(0)), f32(1))
 
 
 def _prelu(ctx: OpCtx) -> None:
@@ -170,23 +173,25 @@ def batch_norm(ctx: OpCtx) -> None:
 
 TRIG = ("Sin", "Cos", "Tan", "Asin", "Acos", "Atan", "Sinh", "Cosh", "Asinh", "Acosh", "Atanh")
 
-OPS: dict[str, Callable[[OpCtx], None]] = {
-    "Relu": _unary(relu),
-    "Sigmoid": _unary(lambda b, x: epilogue_op(b, "sigmoid", x)),
-    "Tanh": _unary(lambda b, x: epilogue_op(b, "tanh", x)),
-    "Erf": _unary(lambda b, x: call_f32(b, "erff", x)),
-    "Sqrt": _unary(lambda b, x: call_f32(b, "llvm.sqrt.f32", x)),
-    "Exp": _unary(lambda b, x: call_f32(b, "llvm.exp.f32", x)),
-    "Log": _unary(lambda b, x: call_f32(b, "llvm.log.f32", x)),
-    "Abs": _unary(lambda b, x: call_f32(b, "llvm.fabs.f32", x)),
-    "Neg": _unary(lambda b, x: b.fneg(x)),
-    "Reciprocal": _unary(lambda b, x: b.fdiv(f32(1), x)),
-    "Floor": _unary(lambda b, x: call_f32(b, "llvm.floor.f32", x)),
-    "Ceil": _unary(lambda b, x: call_f32(b, "llvm.ceil.f32", x)),
-    **{op: _unary(lambda b, x, f=f"{op.lower()}f": call_f32(b, f, x)) for op in TRIG},  # libm: RoPE's sin/cos
-    "Softplus": _unary(_softplus),
-    "Softsign": _unary(lambda b, x: b.fdiv(x, b.fadd(f32(1), call_f32(b, "llvm.fabs.f32", x)))),
-    "Sign": _unary(_sign),
+# One-input float ops by ONNX name: each makes its IR from the node's attributes, alone (`OPS`) or as a link
+# of an `ElementwiseChain` (stages/graph/passes_chain.py).
+UNARY: dict[str, Callable[[Attr], Unary]] = {
+    "Relu": _plain(relu),
+    "Sigmoid": _plain(lambda b, x: epilogue_op(b, "sigmoid", x)),
+    "Tanh": _plain(lambda b, x: epilogue_op(b, "tanh", x)),
+    "Erf": _plain(lambda b, x: call_f32(b, "erff", x)),
+    "Sqrt": _plain(lambda b, x: call_f32(b, "llvm.sqrt.f32", x)),
+    "Exp": _plain(lambda b, x: call_f32(b, "llvm.exp.f32", x)),
+    "Log": _plain(lambda b, x: call_f32(b, "llvm.log.f32", x)),
+    "Abs": _plain(lambda b, x: call_f32(b, "llvm.fabs.f32", x)),
+    "Neg": _plain(lambda b, x: b.fneg(x)),
+    "Reciprocal": _plain(lambda b, x: b.fdiv(f32(1), x)),
+    "Floor": _plain(lambda b, x: call_f32(b, "llvm.floor.f32", x)),
+    "Ceil": _plain(lambda b, x: call_f32(b, "llvm.ceil.f32", x)),
+    **{op: _plain(lambda b, x, f=f"{op.lower()}f": call_f32(b, f, x)) for op in TRIG},  # libm: RoPE's sin/cos
+    "Softplus": _plain(_softplus),
+    "Softsign": _plain(lambda b, x: b.fdiv(x, b.fadd(f32(1), call_f32(b, "llvm.fabs.f32", x)))),
+    "Sign": _plain(_sign),
     "Selu": _selu,
     "Shrink": _shrink,
     "Gelu": _gelu,
@@ -196,15 +201,60 @@ OPS: dict[str, Callable[[OpCtx], None]] = {
     "HardSigmoid": _hard_sigmoid,
     "HardSwish": _hard_swish,
     "Swish": _swish,
+}
+
+# Two-input float ops a chain link may apply with a constant on either side.
+BINARY: dict[str, Callable[[ir.IRBuilder, ir.Value, ir.Value], ir.Value]] = {
+    "Add": lambda b, x, y: b.fadd(x, y), "Sub": lambda b, x, y: b.fsub(x, y), "Mul": lambda b, x, y: b.fmul(x, y),
+    "Div": lambda b, x, y: b.fdiv(x, y), "Max": select_max, "Min": select_min,
+}
+
+
+def _unary_op(rule: Callable[[Attr], Unary]) -> Callable[[OpCtx], None]:
+    def op(ctx: OpCtx) -> None:
+        f = rule(ctx.attr)
+        elementwise(ctx, lambda b, v: f(b, v[0]), [0])
+    return op
+
+
+def chain_fn(steps: list[dict]) -> Combine:
+    """fn(v) of an `ElementwiseChain`: v[0] the running tensor, then each binary link's constant in order."""
+    links = [(UNARY[s["op"]](lambda k, d=None, a=s["attrs"]: a.get(k, d)), None) if s.get("operand") is None
+             else (BINARY[s["op"]], bool(s.get("left"))) for s in steps]
+
+    def fn(b: ir.IRBuilder, v: list[ir.Value]) -> ir.Value:
+        acc, k = v[0], 1
+        for f, left in links:
+            if left is None:
+                acc = f(b, acc)
+            else:
+                acc = f(b, v[k], acc) if left else f(b, acc, v[k])
+                k += 1
+        return acc
+    return fn
+
+
+def chain(ctx: OpCtx) -> None:
+    """Element-wise links applied in one pass (stages/graph/passes_chain.py), after a Concat over channels when
+    the node has `concat` > 1 inputs to join."""
+    steps = ctx.attr("steps")
+    parts = int(ctx.attr("concat", 1))
+    operands = [int(s["operand"]) for s in steps if s.get("operand") is not None]
+    fn = chain_fn(steps)
+    if parts == 1:
+        elementwise(ctx, fn, [0, *operands])
+    else:
+        concat_chain(ctx, parts, operands, fn)
+
+
+OPS: dict[str, Callable[[OpCtx], None]] = {
+    **{op: _unary_op(rule) for op, rule in UNARY.items()},
     "PRelu": _prelu,
-    "Add": lambda ctx: elementwise(ctx, _fold(lambda b, x, y: b.fadd(x, y))),
-    "Sum": lambda ctx: elementwise(ctx, _fold(lambda b, x, y: b.fadd(x, y))),
-    "Sub": lambda ctx: elementwise(ctx, _fold(lambda b, x, y: b.fsub(x, y))),
-    "Mul": lambda ctx: elementwise(ctx, _fold(lambda b, x, y: b.fmul(x, y))),
-    "Div": lambda ctx: elementwise(ctx, _fold(lambda b, x, y: b.fdiv(x, y))),
-    "Max": lambda ctx: elementwise(ctx, _fold(select_max)),
-    "Min": lambda ctx: elementwise(ctx, _fold(select_min)),
+    **{op: (lambda ctx, f=BINARY[name]: elementwise(ctx, _fold(f))) for op, name in (
+        ("Add", "Add"), ("Sum", "Add"), ("Sub", "Sub"), ("Mul", "Mul"), ("Div", "Div"), ("Max", "Max"),
+        ("Min", "Min"))},
     "Mean": _mean,
     "Pow": _pow,
     "BatchNormalization": batch_norm,
+    "ElementwiseChain": chain,
 }

@@ -54,6 +54,7 @@ from stages.extract import load_model
 from stages.graph import reference as interpreter
 from stages.graph.ir import Graph
 from stages.graph.passes import optimize
+from stages.graph.passes_chain import CHAIN
 from stages.graph.twins import alternatives
 from stages.log import TuningLog
 from stages.runtime import load
@@ -81,6 +82,7 @@ class Outcome:
     winograd: int = 0  # of them built as Winograd in the tuned build
     halo: int = 0  # convs handing over padded tensors, over both builds
     views: int = 0  # batch matmuls reading or writing strided views (stages/build/gemm_views.py), over both builds
+    chains: int = 0  # element-wise chains run as one pass (stages/graph/passes_chain.py), Concat-headed or not
     ort_off: int = 0  # int8: builds off onnxruntime but on the ONNX reference (onnxruntime's rounding)
     ulp_off: int = 0  # dynamic int8: builds off every reference by a rounding tie's flip, every kernel right alone
 
@@ -209,7 +211,7 @@ def check(case: Case, workdir: Path, int8: bool = False, family: str = "cnn") ->
     """Import, build (default, then tuned; with `int8`, also the default on the x86-64-avx2 preset), run and
     compare one case (with `int8`, the case quantized: statically, or dynamically for the transformer family)."""
     start = time.perf_counter()
-    facts = {"anchors": 0, "winograd": 0, "halo": 0, "views": 0, "ort_off": 0, "ulp_off": 0}
+    facts = {"anchors": 0, "winograd": 0, "halo": 0, "views": 0, "chains": 0, "ort_off": 0, "ulp_off": 0}
 
     def done(status: str, detail: str = "") -> Outcome:
         return Outcome(case.seed, case.index, case.description, status, detail, time.perf_counter() - start, **facts)
@@ -226,6 +228,7 @@ def check(case: Case, workdir: Path, int8: bool = False, family: str = "cnn") ->
         spec = None
         stage = "import"
         graph = optimize(load_model(case.model))
+        facts["chains"] = sum(n.op == CHAIN for n in graph.nodes)
         for schedule, target in builds:
             stage = schedule
             log = None

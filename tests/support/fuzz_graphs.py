@@ -307,7 +307,13 @@ def _concat(net: _Net, x: str):
     channels = sum(net.shapes[b][1] for b in branches)
     if channels > MAX_CHANNELS or n * channels * h * w > net.max_floats:
         return None
-    return net.op("Concat", branches, (n, channels, h, w), axis=1), f"cat[{' | '.join(words)}]"
+    y, tail = net.op("Concat", branches, (n, channels, h, w), axis=1), ""
+    if net.chance(0.5):  # DenseNet's pre-activation: BN (no conv before it to fold into) and an activation
+        y, tail = net.bn(y), "+bn"
+        if net.chance(0.7):
+            y, kind = net.act(y)
+            tail += "+" + kind
+    return y, f"cat[{' | '.join(words)}]{tail}"
 
 
 def _se(net: _Net, x: str):
