@@ -231,29 +231,36 @@ NARROW_POOLS = [((1, 7, 35, 35), "AveragePool", dict(kernel_shape=[3, 3], stride
                 ((1, 5, 8, 8), "AveragePool", dict(kernel_shape=[3, 3], strides=[1, 1], pads=[1, 1, 1, 1],
                                                    count_include_pad=1)),
                 ((2, 3, 9, 5), "AveragePool", dict(kernel_shape=[7, 7], strides=[1, 1], pads=[3, 3, 3, 3])),  # borders
+                ((1, 6, 11, 13), "MaxPool", dict(kernel_shape=[3, 4], strides=[1, 1], pads=[0, 1, 2, 2])),
+                ((1, 4, 10, 9), "AveragePool", dict(kernel_shape=[4, 2], strides=[1, 1], pads=[2, 0, 1, 1],
+                                                    count_include_pad=1)),
                 ((1, 4, 13, 17), "MaxPool", dict(kernel_shape=[3, 3], strides=[2, 2], pads=[0, 1, 2, 0],
                                                  dilations=[2, 2], ceil_mode=1)),
-                ((1, 2, 6, 70), "AveragePool", dict(kernel_shape=[1, 65], strides=[1, 1], pads=[0, 32, 0, 32],
-                                                        count_include_pad=1))]
+                ((1, 2, 6, 70), "AveragePool", dict(kernel_shape=[1, 65], strides=[1, 1], pads=[0, 32, 0, 31],
+                                                    count_include_pad=1))]
 
 
 @pytest.mark.parametrize("shape,op,attrs", NARROW_POOLS)
-def test_pool_border_columns_are_unrolled_with_their_taps_and_match_the_reference(tmp_path, host, shape, op, attrs):
-    """Inception's 3x3 stride-1 pools on 35- and 8-wide maps: each border column's taps and count are fixed at
-    build time (no tap loop with run-time bounds per border column of every row and plane); past
-    `BORDER_UNROLL` taps a row (a 65-wide window) the loop stays."""
+def test_narrow_pools_run_whole_planes_or_unrolled_borders_and_match_the_reference(tmp_path, host, shape, op, attrs):
+    """Stride-1 pools whose output keeps the input's size (Inception's 3x3 pad-1 pools on 35- and 8-wide maps,
+    asymmetric pads) run a plane at a time as flat loops (`_same_pool`); the others go a row at a time, their
+    border columns' taps and counts fixed at build time, except past `BORDER_UNROLL` taps a row (a 65-wide
+    window), where the tap loop stays."""
     g = _G(x=_const(shape))
     graph = g.graph([g.add(op, ["x"], **attrs)])
     module = ir.Module()
     ctx = OpCtx.open(module, graph, graph.nodes[0], "op")
     OPS[op](ctx)
     ctx.close()
-    assert ("kw.head" in str(module)) == (attrs["kernel_shape"][1] == 65)  # the tap loop's blocks
-    build_library(graph, host, tmp_path / "lib")
-    got = load(tmp_path / "lib").run(x=g.env["x"])
-    want = reference.run(graph, {"x": g.env["x"]})
-    for name in want:
-        np.testing.assert_allclose(got[name], want[name], rtol=1e-6, atol=1e-7, err_msg=name)
+    text = str(module)
+    same = graph.values[graph.nodes[0].outputs[0]].shape == shape
+    assert ("hcol.head" in text, "kw.head" in text) == (same, attrs["kernel_shape"][1] == 65)
+    for threads in (1, 2):
+        build_library(graph, host, tmp_path / "lib", threads=threads)
+        got = load(tmp_path / "lib").run(x=g.env["x"])
+        want = reference.run(graph, {"x": g.env["x"]})
+        for name in want:
+            np.testing.assert_allclose(got[name], want[name], rtol=1e-6, atol=1e-7, err_msg=name)
 
 
 def _mm_graph(m=16, n=24, k=32):
