@@ -520,12 +520,12 @@ def _same_pool(ctx, kind, h, w, k, pb, include_pad, pe) -> None:
     counts = [sum((-pt <= r - pt + i < h + pe[0]) if include_pad else (0 <= r - pt + i < h) for i in range(k[0]))
               for r in range(h)]
     nc = ctx.in_shape()[0] * ctx.in_shape()[1]
-    rows_n = ctx.weight("rows_counted", np.array(counts, dtype=np.float32))
-    # The inner columns' divisor at every output: rows counted x the window's width, exact in float32.
-    divisor = ctx.weight("inner_divisor", np.repeat(np.array(counts, dtype=np.float32) * k[1], w))
     margin = max(pl, k[1] - 1 - pl)
     with ctx.parallel(nc, min_items=max(1, -(-POOL_ITEM_FLOATS // (h * w)))) as c:
-        b, x, y = ctx.b, ctx.inp(), ctx.out()
+        b, x, y = ctx.b, ctx.inp(), ctx.out()  # pointers are the body's own: on the pool it is a function
+        rows_n = ctx.weight("rows_counted", np.array(counts, dtype=np.float32))
+        # The inner columns' divisor at every output: rows counted x the window's width, exact in float32.
+        divisor = ctx.weight("inner_divisor", np.repeat(np.array(counts, dtype=np.float32) * k[1], w))
         buf = ctx.buffer(h * w + 2 * margin)
         rows = gep(b, buf, i64(margin))  # rows[-margin .. h*w + margin): the margins feed only border columns
         for m in (*range(-margin, 0), *range(h * w, h * w + margin)):
