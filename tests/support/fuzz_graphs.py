@@ -213,6 +213,9 @@ def _pool(net: _Net, x: str):
     k = [min(int(net.rng.integers(1, 4)), dim) for dim in (h, w)]
     s = net.pick([1, 2], [0.4, 0.6])
     pads = [int(net.rng.integers(0, k[i % 2])) if net.chance(0.5) else 0 for i in range(4)]
+    if net.chance(0.3):  # Inception's kind: stride 1, the input's size kept (pads split either way)
+        s, first = 1, [int(net.rng.integers(0, kk)) for kk in k]
+        pads = [*first, *(kk - 1 - f for kk, f in zip(k, first, strict=True))]
     spans = [dim + pads[i] + pads[i + 2] - k[i] for i, dim in enumerate((h, w))]
     ceil = int(net.chance(0.3))
     # A last window starting in the end padding is dropped by onnxruntime's kernel (and tunaflow, and
