@@ -11,6 +11,7 @@ from stages.build.memplan import Step, plan_workspace
 from stages.graph import reference
 from stages.graph.ir import Graph, Node, Value
 from stages.log import TuningLog
+from stages.memops import reduce
 from stages.memops.opctx import OpCtx
 from stages.memops.registry import OPS
 from stages.runtime import load
@@ -242,11 +243,12 @@ NARROW_POOLS = [((1, 7, 35, 35), "AveragePool", dict(kernel_shape=[3, 3], stride
 
 
 @pytest.mark.parametrize("shape,op,attrs", NARROW_POOLS)
-def test_narrow_pools_run_whole_planes_or_unrolled_borders_and_match_the_reference(tmp_path, host, shape, op, attrs):
+def test_narrow_pools_run_whole_planes_or_unrolled_borders_and_match_the_reference(tmp_path, host, shape, op, attrs,
+                                                                                   monkeypatch):
     """Stride-1 pools whose output keeps the input's size (Inception's 3x3 pad-1 pools on 35- and 8-wide maps,
-    asymmetric pads) run a plane at a time as flat loops (`_same_pool`); the others go a row at a time, their
-    border columns' taps and counts fixed at build time, except past `BORDER_UNROLL` taps a row (a 65-wide
-    window), where the tap loop stays."""
+    asymmetric pads) run a plane at a time as flat loops (`_same_pool`), bit for bit the row-at-a-time kernel;
+    the others go a row at a time, their border columns' taps and counts fixed at build time, except past
+    `BORDER_UNROLL` taps a row (a 65-wide window), where the tap loop stays."""
     g = _G(x=_const(shape))
     graph = g.graph([g.add(op, ["x"], **attrs)])
     module = ir.Module()
@@ -264,6 +266,12 @@ def test_narrow_pools_run_whole_planes_or_unrolled_borders_and_match_the_referen
         want = reference.run(graph, {"x": g.env["x"]})
         for name in want:
             np.testing.assert_allclose(got[name], want[name], rtol=1e-6, atol=1e-7, err_msg=name)
+        if same:
+            with monkeypatch.context() as m:
+                m.setattr(reduce, "SAME_POOL_FLOATS", 0)
+                build_library(graph, host, tmp_path / "rows", threads=threads)
+            rows = load(tmp_path / "rows").run(x=g.env["x"])
+            assert all(np.array_equal(got[name].view(np.uint32), rows[name].view(np.uint32)) for name in want)
 
 
 def _mm_graph(m=16, n=24, k=32):

@@ -30,9 +30,9 @@ def fuse_chains(g: Graph) -> None:
         if id(node) in taken:
             continue
         if _concat_head(g, node):
-            head, links = node, []
-        elif _running(g, node, None) is not None:
-            head, links = None, [node]
+            head, links, inputs = node, [], list(node.inputs)
+        elif (source := _running(g, node, None)) is not None:
+            head, links, inputs = None, [node], [source]
         else:
             continue
         run = node.outputs[0]
@@ -44,7 +44,7 @@ def fuse_chains(g: Graph) -> None:
             continue
         chain = ([head] if head is not None else []) + links
         taken.update(id(n) for n in chain)
-        fused[id(chain[-1])] = _node(g, head, links)
+        fused[id(chain[-1])] = _node(g, inputs, head is not None, links)
     g.nodes = [fused.get(id(n), n) for n in g.nodes if id(n) not in taken or id(n) in fused]
 
 
@@ -90,8 +90,10 @@ def _per_channel(g: Graph, c: Node, run: str) -> bool:
     return all(d == 1 for k, d in enumerate(full) if k != 1)
 
 
-def _node(g: Graph, head: Node | None, links: list[Node]) -> Node:
-    inputs = list(head.inputs) if head is not None else [_running(g, links[0], None) or ""]
+def _node(g: Graph, inputs: list[str], concat: bool, links: list[Node]) -> Node:
+    """The chain as one node: `inputs` are what it transforms (a Concat head's inputs, or the first link's
+    run-time tensor), each link's constant appended."""
+    heads, inputs = len(inputs), list(inputs)
     steps = []
     for c in links:
         const = next((i for i in c.inputs if i in g.constants), None) if c.op in BINARY else None
@@ -102,4 +104,4 @@ def _node(g: Graph, head: Node | None, links: list[Node]) -> Node:
         steps.append({"op": c.op, "attrs": {}, "operand": len(inputs) - 1, "left": c.inputs[0] == const})
     last = links[-1]
     return Node(last.name, CHAIN, inputs, list(last.outputs),
-                {"concat": len(head.inputs) if head is not None else 1, "axis": 1, "steps": steps})
+                {"concat": heads if concat else 1, "axis": 1, "steps": steps})

@@ -409,6 +409,7 @@ def _emit_pool(ctx, kind, sp, osp, k, s, d, pb, pe, include_pad) -> None:
           for o, i, p, kk, dd, st, lo_d in zip(osp, sp, pb, k, d, s, lo, strict=True)]
     combine = window_max if kind == "max" else (lambda b, a, v: b.fadd(a, v))
     init = f32(-math.inf if kind == "max" else 0.0)
+    counted = (-pb[1], w + pe[1]) if include_pad else (0, w)
     with ctx.parallel(oh_n, min_items=-(-POOL_ITEM_FLOATS // (nc * w * s[0]))) as oh:
         b, x, y = ctx.b, ctx.inp(), ctx.out()
         rows, acc, cnt = ctx.buffer(2 * w), ctx.local(), ctx.local()
@@ -476,13 +477,8 @@ def _emit_pool(ctx, kind, sp, osp, k, s, d, pb, pe, include_pad) -> None:
                 _store(b, result, y, add(b, out_row, ow))
 
             def border(ow: int) -> None:
-                """An output column whose window leaves the row, its taps and count known at build time."""
                 cols = [ow * s[1] - pb[1] + j * d[1] for j in range(k[1])]
-                total = init
-                for col in (col for col in cols if 0 <= col < w):
-                    total = combine(b, total, _load(b, row, i64(col)))
-                counted = sum(-pb[1] <= col < w + pe[1] if include_pad else 0 <= col < w for col in cols)
-                result = total if kind == "max" else b.fdiv(total, b.fmul(rows_n, f32(float(counted))))
+                result = _border_column(b, kind, row, i64(0), cols, w, counted, rows_n)
                 _store(b, result, y, add(b, out_row, i64(ow)))
 
             for first, last, body in ((0, lo[1], slow), (lo[1], hi[1], fast), (hi[1], ow_n, slow)):
@@ -554,16 +550,27 @@ def _same_pool(ctx, kind, h, w, k, pb, include_pad, pe) -> None:
                 total = b.fdiv(total, _load(b, divisor, j))
             _store(b, total, out, j)
         borders = [col for col in range(w) if not pl <= col < w - (k[1] - 1 - pl)]
+        counted = (-pl, w + pe[1]) if include_pad else (0, w)
         with for_range(b, i64(0), i64(h), name="bcol") as r:
+            start = mul(b, r, i64(w))
             for col in borders:
                 cols = [col - pl + t for t in range(k[1])]
-                total = init
-                for cc in (cc for cc in cols if 0 <= cc < w):
-                    total = combine(b, total, _load(b, rows, add(b, mul(b, r, i64(w)), i64(cc))))
-                counted = sum(-pl <= cc < w + pe[1] if include_pad else 0 <= cc < w for cc in cols)
-                if kind != "max":
-                    total = b.fdiv(total, b.fmul(_load(b, rows_n, r), f32(float(counted))))
-                _store(b, total, out, add(b, mul(b, r, i64(w)), i64(col)))
+                total = _border_column(b, kind, rows, start, cols, w, counted, _load(b, rows_n, r))
+                _store(b, total, out, add(b, start, i64(col)))
+
+
+def _border_column(b: ir.IRBuilder, kind: str, row: ir.Value, start: ir.Value, cols: list[int], w: int,
+                   counted: tuple[int, int], rows_n: ir.Value) -> ir.Value:
+    """One output whose window leaves its row of combined rows (`row` from `start`, `w` wide): the taps at
+    `cols` that lie in the row, known at build time, combined in order; an average divides by `rows_n` times
+    the taps in [counted[0], counted[1]) (the padded width when the pad counts)."""
+    total = f32(-math.inf if kind == "max" else 0.0)
+    for col in (col for col in cols if 0 <= col < w):
+        v = _load(b, row, add(b, start, i64(col)))
+        total = window_max(b, total, v) if kind == "max" else b.fadd(total, v)
+    if kind == "max":
+        return total
+    return b.fdiv(total, b.fmul(rows_n, f32(float(sum(counted[0] <= col < counted[1] for col in cols)))))
 
 
 def window_max(b: ir.IRBuilder, total: ir.Value, v: ir.Value) -> ir.Value:
