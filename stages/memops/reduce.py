@@ -407,8 +407,7 @@ def _emit_pool(ctx, kind, sp, osp, k, s, d, pb, pe, include_pad) -> None:
     lo = [-(-p // st) for p, st in zip(pb, s, strict=True)]
     hi = [max(lo_d, min(o, (i - 1 + p - (kk - 1) * dd) // st + 1)) if i - 1 + p - (kk - 1) * dd >= 0 else lo_d
           for o, i, p, kk, dd, st, lo_d in zip(osp, sp, pb, k, d, s, lo, strict=True)]
-    combine = window_max if kind == "max" else (lambda b, a, v: b.fadd(a, v))
-    init = f32(-math.inf if kind == "max" else 0.0)
+    combine, init = _combiner(kind)
     counted = (-pb[1], w + pe[1]) if include_pad else (0, w)
     with ctx.parallel(oh_n, min_items=-(-POOL_ITEM_FLOATS // (nc * w * s[0]))) as oh:
         b, x, y = ctx.b, ctx.inp(), ctx.out()
@@ -509,8 +508,7 @@ def _same_pool(ctx, kind, h, w, k, pb, include_pad, pe) -> None:
     rewritten with their taps fixed at build time. `_emit_pool` went one output row at a time, two loops of `w`
     per row and plane: 2.3-7x onnxruntime's blocked pools on those maps. The same taps combine in the same order
     and divide by the same counts, so the bits are `_emit_pool`'s."""
-    combine = window_max if kind == "max" else (lambda b, a, v: b.fadd(a, v))
-    init = f32(-math.inf if kind == "max" else 0.0)
+    combine, init = _combiner(kind)
     pt, pl = pb
     inner = (pt, h - (k[0] - 1 - pt))  # output rows whose window rows all lie inside the plane
     counts = [sum((-pt <= r - pt + i < h + pe[0]) if include_pad else (0 <= r - pt + i < h) for i in range(k[0]))
@@ -564,13 +562,19 @@ def _border_column(b: ir.IRBuilder, kind: str, row: ir.Value, start: ir.Value, c
     """One output whose window leaves its row of combined rows (`row` from `start`, `w` wide): the taps at
     `cols` that lie in the row, known at build time, combined in order; an average divides by `rows_n` times
     the taps in [counted[0], counted[1]) (the padded width when the pad counts)."""
-    total = f32(-math.inf if kind == "max" else 0.0)
+    combine, total = _combiner(kind)
     for col in (col for col in cols if 0 <= col < w):
-        v = _load(b, row, add(b, start, i64(col)))
-        total = window_max(b, total, v) if kind == "max" else b.fadd(total, v)
+        total = combine(b, total, _load(b, row, add(b, start, i64(col))))
     if kind == "max":
         return total
     return b.fdiv(total, b.fmul(rows_n, f32(float(sum(counted[0] <= col < counted[1] for col in cols)))))
+
+
+def _combiner(kind: str) -> tuple[Callable[[ir.IRBuilder, ir.Value, ir.Value], ir.Value], ir.Value]:
+    """How a pool's window folds its taps, and the value it starts from (the identity: -inf or 0)."""
+    if kind == "max":
+        return window_max, f32(-math.inf)
+    return (lambda b, a, v: b.fadd(a, v)), f32(0.0)
 
 
 def window_max(b: ir.IRBuilder, total: ir.Value, v: ir.Value) -> ir.Value:
