@@ -76,6 +76,11 @@ def extract(model_path: str, input_shapes: dict, limits) -> tuple:
     return model.DIRECT.extract(model_path, input_shapes, limits)
 
 
+@task(name="refine", task_run_name="refine in the model", cache_policy=NO_CACHE)
+def refine(graph, target: Target, threads: int, log: str, top_k: int) -> object:
+    return model.DIRECT.refine(graph, target, threads, log, top_k)
+
+
 @task(name="build-library", task_run_name="build-library {out}", cache_policy=NO_CACHE)
 def build_library(model_path: str, graph, target: Target, out: str, threads: int, log: str | None,
                   verify: bool = True) -> tuple:
@@ -101,6 +106,7 @@ def quoted(step: Task) -> Callable[..., Any]:
 
 
 STEPS = model.ModelSteps(propose=quoted(propose), build=quoted(build), run=quoted(run), record=quoted(record),
-                         remeasure=quoted(remeasure), extract=quoted(extract), build_library=quoted(build_library),
+                         remeasure=quoted(remeasure), extract=quoted(extract), refine=quoted(refine),
+                         build_library=quoted(build_library),
                          charts=quoted(charts), latency=quoted(latency))
 DISTRIBUTED = replace(STEPS, build=build_distributed)

@@ -70,6 +70,9 @@ class TuningOptions(BaseModel):
     transfer_from: tuple[str, ...] = Field(default=(), description="logs whose records of the same op seed the model")
     timeout_s: float | None = Field(default=None, gt=0, description="wall-clock budget")
     top_k_remeasure: int = Field(default=3, ge=0)
+    refine_top_k: int = Field(default=3, ge=0, description=(
+        "after tuning a model, time each op's top records (this many) inside the built model and build the "
+        "fastest there (stages/refine); 0 or 1: off"))
     seed: int = 0
     measure: MeasureOptions = MeasureOptions()
     runner: RunnerSpec = RunnerSpec()

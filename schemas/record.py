@@ -13,6 +13,7 @@ from schemas.task import TuningTask
 
 SCHEMA_VERSION = 1
 REMEASURE = "remeasure"  # the `tuner` of a re-measurement row: not a trial, never counted as one
+IN_MODEL = "in-model"  # an in-model verdict row (stages/refine): the config's time inside the built model
 
 
 class TuningRecord(BaseModel):
@@ -28,8 +29,9 @@ class TuningRecord(BaseModel):
     task: TuningTask
     template_version: int = Field(ge=1)
     threads: int = Field(default=1, ge=1, description="threads the kernel ran with")
-    cache: Literal["hot", "weights", "cold"] = Field(default="hot", description="cache state each timed call "
-                                                     "started from (stages/measure/cache.py; older logs: hot)")
+    cache: Literal["hot", "weights", "cold", "model"] = Field(
+        default="hot", description="cache state each timed call started from (stages/measure/cache.py; older logs: "
+        "hot; `model`: an in-model verdict's, whatever the layers before left)")
     config: Config
     result: MeasureResult
     gflops: float = Field(ge=0)

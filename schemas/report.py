@@ -47,6 +47,41 @@ class OpReport(TaskReport):
     chart: str | None
 
 
+class RefinedOp(BaseModel):
+    """One op's in-model verdict: its candidates' seconds per call inside the model, the ranking's pick first."""
+
+    model_config = ConfigDict(frozen=True)
+
+    task: str
+    nodes: int
+    candidates: tuple[str, ...]  # each candidate's task and config, in the order of `in_model_ms`
+    record_ms: tuple[float, ...]  # each candidate's time alone (its record)
+    in_model_ms: tuple[float, ...]  # each candidate's median time inside the model
+    chosen: int  # the index of the fastest in the model: 0 keeps the ranking's pick
+
+
+class RefineReport(BaseModel):
+    """`refine`'s result: the ops timed inside the model and what changed."""
+
+    model_config = ConfigDict(frozen=True)
+
+    ops: list[RefinedOp]
+    variants: int  # libraries built, each running every op's n-th candidate
+    rounds: int  # timing rounds, each over every variant at every workspace address
+    seconds: float
+    skipped: str | None = None  # why nothing was timed
+    dropped: list[str] = []  # variants whose outputs disagreed with the first's: their candidates are not judged
+
+    @property
+    def changed(self) -> list[RefinedOp]:
+        return [op for op in self.ops if op.chosen != 0]
+
+    @property
+    def saved_ms(self) -> float:
+        """Per inference, what the verdicts save over the ranking's picks (each op's nodes counted)."""
+        return sum(op.nodes * (op.in_model_ms[0] - op.in_model_ms[op.chosen]) for op in self.ops)
+
+
 class ModelReport(BaseModel):
     """`tune`'s result: every task's report, the built library's summary and, when asked, its latency
     against the default-schedule build (and onnxruntime when installed), measured interleaved."""
@@ -59,3 +94,4 @@ class ModelReport(BaseModel):
     tasks: list[TaskReport]
     build: dict
     latency: dict[str, dict] | None = None
+    refine: RefineReport | None = None

@@ -13,7 +13,7 @@ from typing import Any
 
 import typer
 
-from tunaflow.commands import demo, log, log_check, log_plot, model, rpc, target, tasks, tune_op
+from tunaflow.commands import demo, log, log_check, log_plot, model, refine, rpc, target, tasks, tune_op
 from tunaflow.console import INTERRUPTED, interrupted, interrupted_said
 
 app = typer.Typer(
@@ -42,7 +42,8 @@ def _command(group: typer.Typer, name: str, fn: Callable[..., Any]) -> None:
 
 
 for _name, _fn in (("tune-op", tune_op.tune_op), ("target", target.target), ("tasks", tasks.tasks),
-                   ("tune", model.tune), ("build", model.build), ("run", model.run), ("demo", demo.demo)):
+                   ("tune", model.tune), ("refine", refine.refine), ("build", model.build), ("run", model.run),
+                   ("demo", demo.demo)):
     _command(app, _name, _fn)
 for _name, _fn in (("show", log.log_show), ("export", log.log_export), ("merge", log.log_merge),
                    ("check", log_check.log_check), ("plot", log_plot.log_plot)):

@@ -7,6 +7,10 @@ the template has no schedule for at all (`NoValidConfig`) gets none: the build r
 kernel and says why. An op with alternative implementations (a conv and its Winograd twin) runs
 whichever has the faster record; with no record of either, the one whose default schedule measured
 faster on such a task (`stages.graph.twins.default_alternative`).
+
+An in-model verdict (`stages/refine`) overrides that ranking: the records of an op (and its twins) timed
+inside the built model, the fastest there wins. The latest verdict of an op counts, and only while the
+record the ranking would pick is among those it timed: a better record tuned since voids it.
 """
 
 from __future__ import annotations
@@ -56,22 +60,27 @@ def choose(tasks: list[TuningTask], log: TuningLog | None, target: Target, threa
     for task in tasks:
         if task.signature in choices:
             continue
-        tpl = template_for(task)
-        space = tpl.space(task, target)
         why = "no error-free record in the log" if log is not None else "no log given"
         for rec in ranked.get(task.signature, []):
-            reason = space.reason(rec.config.knobs) if rec.template_version == tpl.VERSION else (
-                f"records are for template version {rec.template_version}, this is {tpl.VERSION}")
+            reason = refusal(task, rec, target)
             if reason is None:
                 choices[task.signature] = Choice(task, rec.config, rec)
                 break
             why = f"no record the template accepts ({reason})"
         else:
             try:
-                choices[task.signature] = Choice(task, tpl.default_config(task, target), None, why)
+                choices[task.signature] = Choice(task, template_for(task).default_config(task, target), None, why)
             except NoValidConfig as exc:
                 choices[task.signature] = Choice(task, None, None, str(exc))
     return choices
+
+
+def refusal(task: TuningTask, record: TuningRecord, target: Target) -> str | None:
+    """Why the template would not build `record`'s config for `task` today, or None."""
+    tpl = template_for(task)
+    if record.template_version != tpl.VERSION:
+        return f"records are for template version {record.template_version}, this is {tpl.VERSION}"
+    return tpl.space(task, target).reason(record.config.knobs)
 
 
 def implementations(tasks: list[TuningTask], choices: dict[str, Choice]) -> dict[str, TuningTask]:
@@ -95,6 +104,39 @@ def implementations(tasks: list[TuningTask], choices: dict[str, Choice]) -> dict
                 best = alt
         picked[task.signature] = best
     return picked
+
+
+def latest_verdict(verdicts: list[TuningRecord], signatures: set[str]) -> list[TuningRecord]:
+    """The rows of the last refinement session that timed any of `signatures` (an op and its twins), of those."""
+    mine = [v for v in verdicts if v.task_signature in signatures]
+    return [v for v in mine if v.session_id == mine[-1].session_id] if mine else []
+
+
+def apply_verdicts(tasks: list[TuningTask], picked: dict[str, TuningTask], choices: dict[str, Choice],
+                   log: TuningLog | None, target: Target, threads: int) -> None:
+    """Let each op's latest in-model verdict (see the module's docstring) pick its implementation and schedule:
+    updates `picked` and `choices` in place. The choice keeps the config's own best record (its time alone), so
+    the manifest and `run --profile` compare the library with the kernel as tuned."""
+    verdicts = [] if log is None else [v for v in log.verdicts()
+                                       if v.target_key == target.key and v.threads == threads and v.result.ok]
+    ranked = ranked_records(log, target, threads) if verdicts else {}
+    trial = {(r.task_signature, r.config.key()): r for recs in ranked.values() for r in reversed(recs)}  # best wins
+    for task in {t.signature: t for t in tasks}.values():
+        group = {t.signature: t for t in (task, *alternatives(task))}
+        latest = latest_verdict(verdicts, set(group))
+        incumbent = choices.get(picked[task.signature].signature)
+        if not latest or incumbent is None or incumbent.record is None:
+            continue
+        timed = {(v.task_signature, v.config.key()) for v in latest}
+        if (incumbent.record.task_signature, incumbent.record.config.key()) not in timed:
+            continue
+        fit = [v for v in latest if refusal(group[v.task_signature], v, target) is None]
+        fit = [v for v in fit if (v.task_signature, v.config.key()) in trial]
+        if fit:
+            win = min(fit, key=lambda v: v.cost_s)
+            picked[task.signature] = group[win.task_signature]
+            choices[win.task_signature] = Choice(group[win.task_signature], win.config,
+                                                 trial[(win.task_signature, win.config.key())])
 
 
 def fallback_message(choices: dict[str, Choice]) -> str | None:

@@ -50,7 +50,7 @@ from schemas.manifest import (
 )
 from schemas.target import Target
 from stages.build import facts
-from stages.build.apply_best import Choice, choose, fallback_message, implementations
+from stages.build.apply_best import Choice, apply_verdicts, choose, fallback_message, implementations
 from stages.build.gemm_views import plan_gemm_views
 from stages.build.halo import HaloPlan, plan_halos
 from stages.build.inputs import input_infos
@@ -189,6 +189,7 @@ def _implementations(graph: Graph, log: TuningLog | None, target: Target, thread
     tasks = [n.task for n in graph.nodes if n.task is not None and n.task.op in TEMPLATES]
     choices = choose(tasks + [alt for t in tasks for alt in alternatives(t)], log, target, threads)
     picked = implementations(tasks, choices)
+    apply_verdicts(tasks, picked, choices, log, target, threads)
     nodes = [replace(n, task=picked[n.task.signature])
              if n.task is not None and n.task.signature in picked and n.inputs[1] in graph.constants else n
              for n in graph.nodes]

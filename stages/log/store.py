@@ -21,7 +21,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 from pydantic import ValidationError
 
-from schemas.record import REMEASURE, SCHEMA_VERSION, TuningRecord
+from schemas.record import IN_MODEL, REMEASURE, SCHEMA_VERSION, TuningRecord
 from stages.log.arrow_schema import JSON_META, arrow_schema, from_row, to_row
 from stages.log.errors import LogError, LogVersionError, LogWriteError
 from stages.log.lock import WriterLease, acquire, holder
@@ -111,8 +111,17 @@ class TuningLog:
         return records, problems
 
     def records(self) -> list[TuningRecord]:
-        """Every good record: damaged parts and invalid rows are skipped with a warning naming them,
-        a part of another schema version is refused (LogVersionError)."""
+        """Every good tuning record (trials and re-measurements; in-model verdicts are `verdicts()`): damaged
+        parts and invalid rows are skipped with a warning naming them, a part of another schema version is
+        refused (LogVersionError)."""
+        return [r for r in self.rows() if r.tuner != IN_MODEL]
+
+    def verdicts(self) -> list[TuningRecord]:
+        """The in-model verdicts (stages/refine), oldest first: not trials, never ranked with them."""
+        return [r for r in self.rows() if r.tuner == IN_MODEL]
+
+    def rows(self) -> list[TuningRecord]:
+        """Every good row of the log, verdicts included, in the order they were written."""
         records, problems = self.read(strict=False)
         for p in problems:
             if p.kind == "version":
@@ -162,7 +171,7 @@ class TuningLog:
         return moved
 
     def export_jsonl(self, out: str | os.PathLike[str]) -> int:
-        records = self.records()
+        records = self.rows()
         try:
             with open(out, "w") as fh:
                 for r in records:
@@ -228,10 +237,10 @@ def merge(sources: Iterable[str | os.PathLike[str]], dest: str | os.PathLike[str
     """Append every record of `sources` into `dest` (one part), skipping exact duplicates."""
     out = TuningLog(dest)
     with out.writer():
-        seen = {_identity(r) for r in out.records()}
+        seen = {_identity(r) for r in out.rows()}
         fresh: list[TuningRecord] = []
         for src in sources:
-            for r in TuningLog(src).records():
+            for r in TuningLog(src).rows():
                 if _identity(r) not in seen:
                     seen.add(_identity(r))
                     fresh.append(r)

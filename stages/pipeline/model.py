@@ -1,5 +1,6 @@
-"""Tune a whole model: extract → the tuning loop over its tasks → build the library and check it →
-charts → (optionally) its latency against the default-schedule build and onnxruntime.
+"""Tune a whole model: extract → the tuning loop over its tasks → each op's top records timed inside the
+model (`stages/refine`) → build the library and check it → charts → (optionally) its latency against the
+default-schedule build and onnxruntime.
 
 The tuning log, not Prefect's database, is the record of truth: a rerun resumes every task from it.
 """
@@ -15,7 +16,7 @@ from pathlib import Path
 
 from schemas.manifest import Manifest
 from schemas.options import ImportLimits, TuningOptions
-from schemas.report import ModelReport
+from schemas.report import ModelReport, RefineReport
 from schemas.target import Target
 from schemas.task import TuningTask
 from stages.build.verify import Verification, build_verified
@@ -24,6 +25,7 @@ from stages.graph.ir import Graph
 from stages.graph.passes import optimize
 from stages.graph.tasks import ExtractedTask, extract_tasks
 from stages.log import TuningLog
+from stages.refine.in_model import refine
 from stages.report.charts import log_charts
 from stages.report.summary import build_summary, task_report
 from stages.runtime import load
@@ -67,6 +69,10 @@ def build_checked(model: str, graph: Graph, target: Target, out: str, threads: i
     return manifest, (messages[0] if messages else None), verification
 
 
+def refine_in_model(graph: Graph, target: Target, threads: int, log: str, top_k: int) -> RefineReport:
+    return refine(graph, target, threads, Path(log), top_k)
+
+
 def charts(log: str, out_dir: str, target_key: str, threads: int) -> list[str]:
     return [str(p) for p in log_charts(TuningLog(log), Path(out_dir), target_key, threads)]
 
@@ -93,9 +99,10 @@ def time_libraries(model: str, tuned: str, default: str, threads: int) -> dict[s
 
 @dataclass(frozen=True)
 class ModelSteps(Steps):
-    """The tuning loop's steps plus the model's own: extract, build, charts, latency."""
+    """The tuning loop's steps plus the model's own: extract, refine, build, charts, latency."""
 
     extract: Callable[[str, dict[str, tuple[int, ...]], ImportLimits], tuple[Graph, list[ExtractedTask]]] = extract
+    refine: Callable[[Graph, Target, int, str, int], RefineReport] = refine_in_model
     build_library: Callable[..., tuple[Manifest, str | None, Verification]] = build_checked
     charts: Callable[[str, str, str, int], list[str]] = charts
     latency: Callable[[str, str, str, int], dict[str, dict]] = time_libraries
@@ -123,6 +130,12 @@ def tune_model(model: Path, target: Target, options: TuningOptions, log: Path, o
     with view(tasks, budget) if view else contextlib.nullcontext(None) as observers:
         summaries = tune_tasks([t.task for t in tasks], [t.weight for t in tasks], target, options, TuningLog(log),
                                budget, scheduler, observers, steps)
+    refined = None
+    if options.refine_top_k > 1:
+        refined = steps.refine(graph, target, threads, str(log), options.refine_top_k) \
+            if options.runner.kind == "local" else RefineReport(
+                ops=[], variants=0, rounds=0, seconds=0.0,
+                skipped="the kernels ran on an RPC device; in-model timing runs the library on this machine")
     manifest, fallback, verification = steps.build_library(str(model), graph, target, str(out), threads, str(log),
                                                            verify)
     pngs = steps.charts(str(log), str(charts_dir or out / "charts"), target.key, threads)
@@ -137,5 +150,6 @@ def tune_model(model: Path, target: Target, options: TuningOptions, log: Path, o
     rows = [task_report(s, tlog, target, threads, t.weight, t.task.signature in built)
             for t, s in zip(tasks, summaries, strict=True)]
     report = ModelReport(model=str(model), log=str(log), target=target, charts=pngs, fallback=fallback, tasks=rows,
-                         build=build_summary(manifest, out, verification), latency=latency)
+                         build=build_summary(manifest, out, verification), latency=latency,
+                         refine=refined)
     return report, manifest

@@ -297,6 +297,17 @@ class Model:
             feeds.append(np.ascontiguousarray(arr))
         return feeds
 
+    def use_workspace(self, buffer: np.ndarray) -> None:
+        """Run in `buffer` (bytes, ALIGN-aligned, at least the library's workspace) instead of the workspace it
+        allocated, so that two builds can be timed at the same addresses: where the workspace lies changed one
+        of EfficientNet-B0's convs 2x and whole models 6-10% (Zen 5, benchmarks/RESULTS.md `zoo`)."""
+        if (buffer.dtype != np.uint8 or buffer.ndim != 1 or not buffer.flags.c_contiguous or not buffer.flags.writeable
+                or buffer.nbytes < self.facts.workspace_bytes or buffer.ctypes.data % ALIGN):
+            raise LoadError(f"a workspace for {self.path} must be a writable 1-d uint8 array of at least "
+                            f"{self.facts.workspace_bytes} bytes aligned to {ALIGN}")
+        self._work = buffer
+        self._fixed = (self._fixed[0], buffer.ctypes.data, self._fixed[2])
+
     def run(self, *args: np.ndarray, **named: np.ndarray) -> dict[str, np.ndarray]:
         """Outputs by name, for inputs given by position (manifest order) or by name."""
         feeds = self._feeds(args, named)

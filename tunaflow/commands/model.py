@@ -11,6 +11,7 @@ import typer
 from rich.markup import escape
 
 from tunaflow import runs
+from tunaflow.commands.refine import TopKOpt, print_refine
 from tunaflow.commands.rpc import DeviceKeyOpt, RunnerKind, TokenFile, TrackerOpt, runner_choice
 from tunaflow.console import err, fail, interrupted, out
 from tunaflow.limits import DEFAULT_TENSOR_MB, MAX_THREADS, MaxConstantOpt, MaxTensorOpt, import_limits
@@ -306,10 +307,12 @@ def tune(
     tracker: TrackerOpt = "127.0.0.1:9190",
     token_file: TokenFile = None,
     verify: VerifyOpt = True,
+    refine_top_k: TopKOpt = 3,
     max_constant_mb: MaxConstantOpt = None,
     max_tensor_mb: MaxTensorOpt = DEFAULT_TENSOR_MB,
 ) -> None:
-    """Extract MODEL's tasks, tune each one, then build the library and check it (resumable from LOG).
+    """Extract MODEL's tasks, tune each one, time each op's top records inside the model (`refine`), then build
+    the library and check it (resumable from LOG).
 
     Example: tunaflow tune model.onnx --trials 32 --log runs/cnn/log -o runs/cnn/lib
     """
@@ -325,7 +328,8 @@ def tune(
     try:
         spec, tgt = runner_choice(runner, key, tracker, token_file, tgt, target)
         options = TuningOptions(**({} if trials is None else {"n_trials": trials}), tuner=tuner, seed=seed,
-                                batch_size=batch_size, measure=MeasureOptions(threads=threads), runner=spec)
+                                batch_size=batch_size, measure=MeasureOptions(threads=threads), runner=spec,
+                                refine_top_k=refine_top_k)
     except (ValidationError, ValueError) as exc:
         raise fail(str(exc)) from exc
     from stages.tune.task_scheduler import SCHEDULERS
@@ -369,6 +373,8 @@ def print_tune(r) -> None:
     for t in r.tasks:
         if t.noise is not None or t.unstable:
             out.print(f"noise {escape(t.task)}: {escape(noise_text(t))}")
+    if r.refine is not None:
+        print_refine(r.refine)
     _print_build(r.build)
     out.print(f"tuning log: {escape(r.log)}")
     charts = escape(str(Path(r.charts[0]).parent)) if r.charts else "(none)"
