@@ -131,6 +131,9 @@ def test_refine_times_the_candidates_in_the_model_and_turns_away_a_record_that_l
         assert r.returncode == 0, r.stderr
         return json.loads(r.stdout)
 
+    shown = subprocess.run([sys.executable, "-m", "tunaflow", "log", "show", str(tmp_path / "log")],
+                           capture_output=True, text=True, timeout=120)
+    assert shown.returncode == 0 and "2 records" in shown.stdout and "in the model (refine-" in shown.stdout
     assert "timed every op's candidates already" in again()["skipped"]
     assert len(TuningLog(tmp_path / "log").verdicts()) == 2
     assert again("--again")["ops"][0]["chosen"] == 1 and len(TuningLog(tmp_path / "log").verdicts()) == 4

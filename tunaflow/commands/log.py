@@ -17,17 +17,21 @@ def log_show(
     top: Annotated[int, typer.Option(help="best configs shown per task")] = 5,
 ) -> None:
     """The best configs per task, target and thread count, ranked as the build ranks them (a re-measured config
-    first), with their spread, and the failure counts."""
+    first), with their spread, the failure counts, and the latest in-model verdict (`tunaflow refine`)."""
     from stages.log import LogError, TuningLog
 
     if not log.exists():
         raise fail(f"{log}: no such tuning log")
     try:
-        records = TuningLog(log).records()
+        rows = TuningLog(log).rows()
     except LogError as exc:
         raise fail(str(exc)) from exc
-    from schemas.record import REMEASURE
+    from schemas.record import IN_MODEL, REMEASURE
+    from stages.build.apply_best import latest_verdict
     from stages.log.store import rank_key
+
+    records = [r for r in rows if r.tuner != IN_MODEL]
+    verdicts = [r for r in rows if r.tuner == IN_MODEL and r.result.ok]
 
     groups: dict[tuple[str, str, int], list] = {}
     for r in records:
@@ -50,6 +54,12 @@ def log_show(
             table.add_row(str(rank), f"{r.gflops:.1f}", f"{r.cost_s * 1e3:.3f}", f"{r.result.spread:.1%}",
                           trial, escape(r.config.short()))
         out.print(table)
+        timed = latest_verdict([v for v in verdicts if v.target_key == key and v.threads == threads], {sig})
+        if timed:
+            out.print(f"  in the model ({escape(timed[0].session_id)}; the build runs the fastest of an op and its "
+                      "twins while this verdict stands):")
+            for v in sorted(timed, key=lambda v: v.cost_s):
+                out.print(f"    {v.cost_s * 1e3:.3f} ms per call  {escape(v.config.short())}")
         if failed:
             out.print(f"  failed: {escape(str(failed))}")
 
