@@ -168,3 +168,31 @@ def test_truncated_part_is_reported_and_the_rest_still_reads(tmp_path):
     good, problems = log.read(strict=False)
     assert [r.trial for r in good] == [0]
     assert len(problems) == 1 and problems[0].path == part and "not a readable Parquet file" in problems[0].reason
+
+
+def test_parts_are_parsed_once_and_a_changed_or_damaged_part_is_read_again(tmp_path, monkeypatch):
+    """Whole parts are kept parsed across reads (a tuning run reads its log once per task and round); a part
+    rewritten in place, a new part and a damaged part are read from disk every time."""
+    import stages.log.store as store
+
+    log = TuningLog(tmp_path / "log")
+    first = log.append([rec(0, 1e-3), rec(1, 2e-3)])
+    log.append([rec(2, 3e-3)])
+    assert [r.trial for r in log.records()] == [0, 1, 2]
+    calls = []
+    real = store._read_part
+    monkeypatch.setattr(store, "_read_part", lambda part: calls.append(part.name) or real(part))
+    assert [r.trial for r in log.records()] == [0, 1, 2] and calls == []  # nothing parsed again
+    new = log.append([rec(3, 4e-3)])
+    assert [r.trial for r in log.records()] == [0, 1, 2, 3] and calls == [new.name]
+    pq.write_table(to_table([rec(7, 5e-3)]), first)  # the same name, other content
+    assert [r.trial for r in log.records()] == [7, 2, 3] and calls == [new.name, first.name]
+    torn = log.append([rec(4, 1e-3)])
+    torn.write_bytes(torn.read_bytes()[:100])
+    half = log.append([rec(5, 1e-3), rec(6, 1e-3)])
+    table = pq.read_table(half)
+    pq.write_table(table.set_column(table.schema.get_field_index("trial"), "trial", pa.array([5, -1])), half)
+    for _ in range(2):
+        records, problems = log.read(strict=False)
+        assert [r.trial for r in records] == [7, 2, 3, 5] and [p.path for p in problems] == [torn, half]
+    assert calls.count(torn.name) == 2 and calls.count(half.name) == 2

@@ -13,6 +13,7 @@ from __future__ import annotations
 import logging
 import os
 import time
+from collections import OrderedDict
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
@@ -34,7 +35,14 @@ QUARANTINE = "quarantine"
 WAIT_S = 5.0   # how long a second writer waits for the lock before refusing
 RETRY_S = 0.5  # pause before the one retry of a failed write
 
+PARSED_ROWS = 200_000  # records kept parsed across reads (a few hundred MB at most)
+
 logger = logging.getLogger("stages.log")
+# Parts are immutable once in place (written whole under a fresh name; repair moves them away), so a part's
+# parsed records are kept by its path, inode, size and mtime: a tuning run reads its log once per task and
+# round, and parsing a 3,000-record log took 1.6 s (Zen 5) where its 1,700 stats take milliseconds.
+_PARSED: OrderedDict[tuple, tuple[TuningRecord, ...]] = OrderedDict()
+_parsed_rows = 0
 _warned: set[tuple[Path, str]] = set()
 
 
@@ -91,6 +99,10 @@ class TuningLog:
         records: list[TuningRecord] = []
         problems: list[Problem] = []
         for part in self.parts():
+            stamp = _stamp(part)
+            if stamp in _PARSED:
+                records += _PARSED[stamp]
+                continue
             try:
                 rows = _read_part(part).to_pylist()
             except LogError as exc:
@@ -98,14 +110,18 @@ class TuningLog:
                     raise
                 problems.append(_problem(part, exc))
                 continue
+            mine: list[TuningRecord] = []
             for i, row in enumerate(rows):
                 try:
-                    records.append(TuningRecord.model_validate(_decode(row)))
+                    mine.append(TuningRecord.model_validate(_decode(row)))
                 except (ValidationError, ValueError) as exc:
                     msg = f"{part}: row {i} fails validation: {_first_error(exc)}"
                     if strict:
                         raise LogError(msg) from exc
                     problems.append(Problem(part, msg))
+            records += mine
+            if stamp is not None and len(mine) == len(rows):
+                _remember(stamp, tuple(mine))
         if not strict:
             problems += self._stale()
         return records, problems
@@ -288,6 +304,22 @@ def _with_defaults(table: pa.Table) -> pa.Table:
             value = to_row(info.get_default(call_default_factory=True), field.type, field.metadata == JSON_META)
             table = table.append_column(field, pa.array([value] * table.num_rows, field.type))
     return table
+
+
+def _stamp(part: Path) -> tuple | None:
+    try:
+        st = part.stat()
+    except OSError:
+        return None
+    return str(part.resolve()), st.st_ino, st.st_size, st.st_mtime_ns
+
+
+def _remember(stamp: tuple, records: tuple[TuningRecord, ...]) -> None:
+    global _parsed_rows
+    _PARSED[stamp] = records
+    _parsed_rows += len(records)
+    while _parsed_rows > PARSED_ROWS and len(_PARSED) > 1:
+        _parsed_rows -= len(_PARSED.popitem(last=False)[1])
 
 
 def _identity(r: TuningRecord) -> tuple:
