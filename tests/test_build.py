@@ -392,3 +392,17 @@ def test_convs_hand_padded_outputs_only_to_a_sole_stride_1_conv_reader(host):
     for first, _ in pairs:
         c, h, w = graph.values[outputs[first]].shape[1:]
         assert plan.floats[outputs[first]] >= c * (h + 2) * (w + 2)
+
+
+def test_a_rebuild_compiles_only_the_anchor_kernels_that_changed(tmp_path, host, monkeypatch):
+    import stages.build.library as library
+
+    graph, feeds = _mm_graph()
+    build_library(graph, host, tmp_path / "a")
+    compiled = []
+    real = library.compile_ir
+    monkeypatch.setattr(library, "compile_ir", lambda module, *a: compiled.append(isinstance(module, str))
+                        or real(module, *a))
+    build_library(graph, host, tmp_path / "b")
+    assert compiled == [False]  # the generated ops' module only: the anchor's object came from the first build
+    np.testing.assert_array_equal(load(tmp_path / "b")(**feeds), load(tmp_path / "a")(**feeds))

@@ -26,6 +26,7 @@ import shutil
 import subprocess
 import tempfile
 import time
+from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -71,6 +72,8 @@ from stages.templates.batch_matmul import Views
 from stages.templates.conv2d import Halo
 
 RUN = "tf_run"
+COMPILED = 1024  # anchor kernels' object code kept per process (tens of KB each)
+_COMPILED: OrderedDict[tuple[str, str], bytes] = OrderedDict()
 
 
 class BuildError(Exception):
@@ -312,9 +315,23 @@ def _anchor(graph: Graph, node: Node, choice: Choice, target: Target, threads: i
     if f'@"{symbol}_main"' not in renamed or re.search(r'@"?tf_main\b', renamed):
         raise BuildError(f"node {node.name!r}: template {tpl.NAME} did not export tf_main as expected")
     try:
-        return slots, packed, compile_ir(renamed, target).data, symbol
+        return slots, packed, _compiled(renamed, target), symbol
     except ValueError as exc:
         raise BuildError(f"node {node.name!r}: {exc}") from exc
+
+
+def _compiled(text: str, target: Target) -> bytes:
+    """The object code of an anchor kernel's IR, compiled once per process (`COMPILED` kept): a rebuild of a
+    model compiles only the kernels that changed (refine's variants, then `tune`'s final build)."""
+    key = (hashlib.sha256(text.encode()).hexdigest(), target.key)
+    if key in _COMPILED:
+        _COMPILED.move_to_end(key)
+        return _COMPILED[key]
+    data = compile_ir(text, target).data
+    _COMPILED[key] = data
+    if len(_COMPILED) > COMPILED:
+        _COMPILED.popitem(last=False)
+    return data
 
 
 def _operands(graph: Graph, inputs: list[str], specs, fill: int, viewed: set[int]) -> list[np.ndarray]:
