@@ -29,6 +29,7 @@ LAYERS: dict[str, str] = {
     "stages.runtime": "build",
     "stages.tune": "build",
     "stages.report": "build",
+    "stages.refine": "build",  # the log's top records timed inside a built library, the verdict logged
     "stages.pipeline": "build",  # the pipelines every entry point runs: extract, tune, build, report
 }
 
