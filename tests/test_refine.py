@@ -158,3 +158,25 @@ def test_a_library_runs_in_a_workspace_it_is_given_and_refuses_one_that_does_not
     for bad in (room[start + 1:start + 1 + size], room[start:start + size - 64], np.zeros(size, dtype=np.float32)):
         with pytest.raises(LoadError, match="must be a writable 1-d uint8 array"):
             lib.use_workspace(bad)
+
+
+def test_the_default_schedule_is_always_among_an_ops_candidates_within_reach(tmp_path, host):
+    """Ranked fourth alone, the default schedule still takes the first rival's place (ViT-B/16's default build
+    ran 2% faster than its tuned one at 2 threads); out of reach (past 1.5x the pick), it does not."""
+    from stages.refine.candidates import groups
+
+    graph = optimize(load_model(_model(tmp_path / "m.onnx")))
+    conv = next(n for n in graph.nodes if n.task is not None and n.task.inputs[1].shape[2] == 1)
+    task = conv.task
+    default, *others = _configs(task, host, 5)
+    log = TuningLog(tmp_path / "log")
+    log.append([_rec(task, c, 1e-4 * (1 + 0.01 * i), host, trial=i) for i, c in enumerate(others)])
+    log.append([_rec(task, default, 1.2e-4, host, trial=9)])
+    (group,) = [g for g in groups(graph, log, host, 1, 3) if g.signature == task.signature]
+    assert [c.config.index for c in group.candidates] == [others[0].index, default.index, others[1].index]
+    assert not group.judged and group.nodes == (conv.name,)
+    far = TuningLog(tmp_path / "far")
+    far.append([_rec(task, c, 1e-4 * (1 + 0.01 * i), host, trial=i) for i, c in enumerate(others)])
+    far.append([_rec(task, default, 1.6e-4, host, trial=9)])
+    (group,) = [g for g in groups(graph, far, host, 1, 3) if g.signature == task.signature]
+    assert [c.config.index for c in group.candidates] == [c.index for c in others[:3]]

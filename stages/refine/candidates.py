@@ -3,8 +3,9 @@
 A record's time is its kernel alone (weights flushed, activations hot); inside the model the layers before
 leave other caches and the workspace other addresses, and the order can change: ResNet-50's 14x14 Winograd
 layers rank F(4x4) first (0.56 ms alone) but run it 0.80 ms per call in the model, where F(2x2) (0.62 alone)
-runs 0.66 (Zen 5). Rivals are the other implementation's best (a conv's Winograd twin) and the next distinct
-configs by rank, within `WITHIN` of the pick's time: further off, the model would not reverse the order.
+runs 0.66 (Zen 5). Rivals are the default schedule (ViT-B/16's default build ran 2% faster than its tuned one at
+2 threads), the other implementation's best (a conv's Winograd twin) and the next distinct configs by rank,
+each within `WITHIN` of the pick's time: further off, the model would not reverse the order.
 """
 
 from __future__ import annotations
@@ -13,12 +14,14 @@ from dataclasses import dataclass
 
 from schemas.record import TuningRecord
 from schemas.target import Target
+from schemas.task import TuningTask
 from stages.build.apply_best import choose, implementations, latest_verdict, ranked_records, refusal
 from stages.graph.ir import Graph
 from stages.graph.twins import alternatives
 from stages.log import TuningLog
 from stages.log.store import rank_key
-from stages.templates import TEMPLATES
+from stages.templates import TEMPLATES, template_for
+from stages.templates.space import NoValidConfig
 
 WITHIN = 1.5
 
@@ -57,14 +60,24 @@ def groups(graph: Graph, log: TuningLog, target: Target, threads: int, top_k: in
                          if r.cost_s <= WITHIN * pick.cost_s and refusal(t, r, target) is None), key=rank_key)
         chosen = [pick]
         seen = {_key(pick)}
+        defaults = [_default_record(t, [r for r in rivals if r.task_signature == s], target) for s, t in twins.items()]
         firsts = [next((r for r in rivals if r.task_signature == s), None) for s in twins]
-        for r in [*(f for f in firsts if f is not None), *rivals]:
+        for r in [*(d for d in defaults if d is not None), *(f for f in firsts if f is not None), *rivals]:
             if len(chosen) < top_k and _key(r) not in seen:
                 seen.add(_key(r))
                 chosen.append(r)
         judged = seen <= {_key(v) for v in latest_verdict(verdicts, set(twins))}
         out.append(Group(sig, task.description, tuple(nodes[sig]), tuple(chosen), judged))
     return out
+
+
+def _default_record(task: TuningTask, ranked: list[TuningRecord], target: Target) -> TuningRecord | None:
+    """The best record of the task's default schedule (a session's first trial), if the log has one."""
+    try:
+        default = template_for(task).default_config(task, target).key()
+    except NoValidConfig:
+        return None
+    return next((r for r in ranked if r.config.key() == default), None)
 
 
 def _key(r: TuningRecord) -> tuple[str, str]:
