@@ -15,7 +15,6 @@ section of benchmarks/RESULTS.md.
 from __future__ import annotations
 
 import argparse
-import mmap
 import platform
 import sys
 import tempfile
@@ -31,11 +30,10 @@ from benchmarks.results import markdown_table, publish  # noqa: E402
 from benchmarks.zoo import MODELS, filled  # noqa: E402
 from schemas import Target  # noqa: E402
 from stages.build.library import build_library  # noqa: E402
-from stages.build.memplan import ALIGN  # noqa: E402
 from stages.extract import load_model  # noqa: E402
 from stages.graph.passes import optimize  # noqa: E402
 from stages.log import TuningLog  # noqa: E402
-from stages.refine.in_model import PLACE_STEP, refine  # noqa: E402
+from stages.refine.in_model import refine, workspace_places  # noqa: E402
 from stages.runtime import load  # noqa: E402
 from stages.runtime.compare import random_feeds  # noqa: E402
 from stages.runtime.quiet import settle  # noqa: E402
@@ -43,10 +41,7 @@ from stages.runtime.quiet import settle  # noqa: E402
 
 def paired(before, after, feeds: dict, places: int, rounds: int) -> tuple[float, float, list[float]]:
     """Median ms of each and the after/before ratio of every (round, address) pair."""
-    size = max(before.facts.workspace_bytes, after.facts.workspace_bytes)
-    area = mmap.mmap(-1, size + PLACE_STEP * places + ALIGN, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
-    whole = np.frombuffer(area, dtype=np.uint8)
-    spots = [whole[k * PLACE_STEP: k * PLACE_STEP + size] for k in range(places)]
+    spots = workspace_places(max(before.facts.workspace_bytes, after.facts.workspace_bytes), places)
     for lib in (before, after):
         for s in spots:
             lib.use_workspace(s)

@@ -112,13 +112,17 @@ def latest_verdict(verdicts: list[TuningRecord], signatures: set[str]) -> list[T
     return [v for v in mine if v.session_id == mine[-1].session_id] if mine else []
 
 
+def verdicts_for(log: TuningLog, target: Target, threads: int) -> list[TuningRecord]:
+    """The log's error-free in-model rows for this target and thread count, oldest first."""
+    return [v for v in log.verdicts() if v.target_key == target.key and v.threads == threads and v.result.ok]
+
+
 def apply_verdicts(tasks: list[TuningTask], picked: dict[str, TuningTask], choices: dict[str, Choice],
                    log: TuningLog | None, target: Target, threads: int) -> None:
     """Let each op's latest in-model verdict (see the module's docstring) pick its implementation and schedule:
     updates `picked` and `choices` in place. The choice keeps the config's own best record (its time alone), so
     the manifest and `run --profile` compare the library with the kernel as tuned."""
-    verdicts = [] if log is None else [v for v in log.verdicts()
-                                       if v.target_key == target.key and v.threads == threads and v.result.ok]
+    verdicts = [] if log is None else verdicts_for(log, target, threads)
     ranked = ranked_records(log, target, threads) if verdicts else {}
     trial = {(r.task_signature, r.config.key()): r for recs in ranked.values() for r in reversed(recs)}  # best wins
     for task in {t.signature: t for t in tasks}.values():
@@ -130,8 +134,8 @@ def apply_verdicts(tasks: list[TuningTask], picked: dict[str, TuningTask], choic
         timed = {(v.task_signature, v.config.key()) for v in latest}
         if (incumbent.record.task_signature, incumbent.record.config.key()) not in timed:
             continue
-        fit = [v for v in latest if refusal(group[v.task_signature], v, target) is None]
-        fit = [v for v in fit if (v.task_signature, v.config.key()) in trial]
+        fit = [v for v in latest if (v.task_signature, v.config.key()) in trial
+               and refusal(group[v.task_signature], v, target) is None]
         if fit:
             win = min(fit, key=lambda v: v.cost_s)
             picked[task.signature] = group[win.task_signature]

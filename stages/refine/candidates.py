@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from schemas.record import TuningRecord
 from schemas.target import Target
 from schemas.task import TuningTask
-from stages.build.apply_best import choose, implementations, latest_verdict, ranked_records, refusal
+from stages.build.apply_best import choose, implementations, latest_verdict, ranked_records, refusal, verdicts_for
 from stages.graph.ir import Graph
 from stages.graph.twins import alternatives
 from stages.log import TuningLog
@@ -49,7 +49,7 @@ def groups(graph: Graph, log: TuningLog, target: Target, threads: int, top_k: in
     choices = choose(everyone, log, target, threads)
     picked = implementations(list(tasks.values()), choices)
     ranked = ranked_records(log, target, threads)
-    verdicts = [v for v in log.verdicts() if v.target_key == target.key and v.threads == threads and v.result.ok]
+    verdicts = verdicts_for(log, target, threads)
     out = []
     for sig, task in tasks.items():
         pick = choices[picked[sig].signature].record

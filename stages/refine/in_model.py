@@ -114,10 +114,7 @@ def _variant(graph: Graph, target: Target, threads: int, every: list[Group], tim
 def _time(libs: dict[int, Model], feeds: dict[str, np.ndarray], rounds: int, say: Callable[[str], None]
           ) -> dict[int, list[dict[str, float]]]:
     """Per variant, per turn: each node's median seconds (the sum of its kernel calls)."""
-    size = max(lib.facts.workspace_bytes for lib in libs.values())
-    area = mmap.mmap(-1, size + PLACE_STEP * PLACES + ALIGN, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
-    whole = np.frombuffer(area, dtype=np.uint8)
-    places = [whole[k * PLACE_STEP: k * PLACE_STEP + size] for k in range(PLACES)]
+    places = workspace_places(max(lib.facts.workspace_bytes for lib in libs.values()), PLACES)
     for lib in libs.values():  # warm every variant at every place: first touches are page faults
         for p in places:
             lib.use_workspace(p)
@@ -139,6 +136,14 @@ def _time(libs: dict[int, Model], feeds: dict[str, np.ndarray], rounds: int, say
                     per[op.node] = per.get(op.node, 0.0) + float(s)
                 samples[j].append(per)
     return samples
+
+
+def workspace_places(size: int, count: int) -> list[np.ndarray]:
+    """`count` workspaces of `size` bytes, ALIGN-aligned, PLACE_STEP apart in one anonymous mapping: the same
+    addresses for every build timed in them (`Model.use_workspace`)."""
+    area = mmap.mmap(-1, size + PLACE_STEP * count + ALIGN, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+    whole = np.frombuffer(area, dtype=np.uint8)
+    return [whole[k * PLACE_STEP: k * PLACE_STEP + size] for k in range(count)]
 
 
 def _per_call(g: Group, turns: list[dict[str, float]]) -> list[float] | None:
