@@ -22,7 +22,7 @@ class LoadedKernel:
     """Owns its engine: the machine code lives as long as this object."""
 
     def __init__(self, obj: bytes, target: Target):
-        if PARALLEL_FOR.encode() in obj:  # only threaded kernels need the runtime (and so a C compiler)
+        if PARALLEL_FOR.encode() in obj or runtime.AMX_REQUEST.encode() in obj:  # only these need the runtime
             runtime.load()
         tm = target_machine(target, jit=True)
         self._engine = llvm.create_mcjit_compiler(llvm.parse_assembly(""), tm)

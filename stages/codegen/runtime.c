@@ -132,6 +132,28 @@ void tf_fp_leave(uint64_t old) {
 #endif
 }
 
+/* AMX tile data (Intel's `amx-int8` kernels) needs the process's permission first: Linux keeps the 8 KiB
+ * of tile state out of every thread's context until someone asks (arch_prctl ARCH_REQ_XCOMP_PERM, Linux
+ * 5.16 and later), and a tile instruction before that is SIGILL. The permission covers every thread of the
+ * process, so an AMX kernel asks once, on entry; a refusal is a clear message and an abort, not a SIGILL. */
+#define TF_ARCH_REQ_XCOMP_PERM 0x1023
+#define TF_XFEATURE_XTILEDATA 18
+static _Atomic int amx_granted;
+
+void tf_amx_request(void) {
+  if (atomic_load_explicit(&amx_granted, memory_order_acquire)) return;
+#if defined(__x86_64__)
+  if (syscall(SYS_arch_prctl, TF_ARCH_REQ_XCOMP_PERM, TF_XFEATURE_XTILEDATA) == 0) {
+    atomic_store_explicit(&amx_granted, 1, memory_order_release);
+    return;
+  }
+  perror("tunaflow: an AMX kernel asked Linux for tile data (arch_prctl ARCH_REQ_XCOMP_PERM) and was refused");
+#else
+  fputs("tunaflow: an AMX kernel runs only on x86-64\n", stderr);
+#endif
+  abort();
+}
+
 static void *worker_main(void *gen_at_start) {
   uint32_t seen = (uint32_t)(uintptr_t)gen_at_start;
   tf_fp_enter();

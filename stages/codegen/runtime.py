@@ -20,6 +20,7 @@ from pathlib import Path
 import llvmlite.binding as llvm
 
 SOURCE = Path(__file__).with_name("runtime.c")
+AMX_REQUEST = "tf_amx_request"  # asks Linux for AMX tile data before a kernel's first tile instruction
 CFLAGS = ["-O2", "-fPIC", "-std=c11", "-pthread"]
 
 

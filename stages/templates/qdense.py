@@ -59,11 +59,11 @@ def dims(task: TuningTask) -> tuple[int, int, int]:
 
 
 def space(task: TuningTask, target: Target) -> ConfigSpace:
-    return qgemm_space(*dims(task), target)
+    return qgemm_space(*dims(task), target, x_signed=task.inputs[0].dtype == "int8")
 
 
 def default_config(task: TuningTask, target: Target) -> Config:
-    return default_qgemm(*dims(task), target, what=task.description)
+    return default_qgemm(*dims(task), target, what=task.description, x_signed=task.inputs[0].dtype == "int8")
 
 
 def make_inputs(task: TuningTask, seed: int = 0) -> list[np.ndarray]:

@@ -36,6 +36,7 @@ from stages.codegen.irb import (
     store_ints,
 )
 from stages.codegen.parallel import emit_main
+from stages.templates import qgemm_amx as amx_
 from stages.templates import qgemm_isa as isa_
 from stages.templates import qgemm_requant as rq_
 from stages.templates.qgemm_isa import LANES, PARTS, ivec
@@ -105,6 +106,8 @@ class _Gen:
         argv = b.bitcast(fn.args[0], VOIDP.as_pointer())
         x, w, bias, scale, y = (b.load(b.gep(argv, [i64(i)])) for i in range(5))
         micro = self._micro(mod)
+        if s.isa == "amx":
+            amx_.enter(b)
         with for_range(b, fn.args[1], fn.args[2], name="item", unroll=False) as item:
             jc0, jc1 = (item, add(b, item, i64(1))) if s.par == "n" else (i64(0), i64(self.jb_count))
             ic0, ic1 = (item, add(b, item, i64(1))) if s.par == "m" else (i64(0), i64(self.ib_count))
@@ -119,6 +122,8 @@ class _Gen:
                         with for_range(b, *inner, name="n", unroll=False) as n:
                             p, t = (o, n) if s.order == "jr_ir" else (n, o)
                             b.call(micro, [x, w, bias, scale, y, t, p])
+        if s.isa == "amx":
+            amx_.leave(b)
         b.ret_void()
         return fn
 
@@ -132,11 +137,22 @@ class _Gen:
             arg.add_attribute("noalias")
         b = ir.IRBuilder(fn.append_basic_block("entry"))
         row0, col0 = mul(b, t, i64(mr)), mul(b, p, i64(s.nr))
-        rows = smin(b, i64(mr), b.sub(i64(g.m), row0))
+        vec_isa = isa_.vector_isa(s.isa)
         vty = ivec(lanes)
+        wbytes = gep(b, w, mul(b, p, i64(self.kg * s.nr * 4)))
+        wpanel = b.bitcast(wbytes, vty.as_pointer())
+        g0 = 0  # the first reduction group the vector loop sums
+        if s.isa == "amx":
+            row0 = smin(b, row0, i64(g.m - mr))  # the last tile overlaps the one before: no partial tiles
+            sums = amx_.scratch(b, mr, nv)
+            amx_.accumulate(b, x, wbytes, sums, row0, g.k, mr, nv, s.uk)
+            g0 = amx_.chunks(g.k) * amx_.CHUNK // 4
+            sptr = b.bitcast(sums, vty.as_pointer())
+            accs = [b.load(b.gep(sptr, [i64(i * nv + j)]), align=64) for i in range(mr) for j in range(nv)]
+        else:
+            accs = [v for _ in range(mr * nv) for v in isa_.zero_acc(s.isa)]
+        rows = smin(b, i64(mr), b.sub(i64(g.m), row0))
         xrow = [gep(b, x, mul(b, smin(b, add(b, row0, i64(i)), i64(g.m - 1)), i64(g.k))) for i in range(mr)]
-        wpanel = b.bitcast(gep(b, w, mul(b, p, i64(self.kg * s.nr * 4))), vty.as_pointer())
-        accs = [v for _ in range(mr * nv) for v in isa_.zero_acc(s.isa)]
         flip = ir.Constant(I32, 0x80808080 - (1 << 32)) if g.x_signed else None
 
         def step(kg: ir.Value, acc: list[ir.Value], group: list[ir.Value]) -> None:
@@ -145,7 +161,7 @@ class _Gen:
                 av = isa_.splat_i32(b, group[i], lanes)
                 for j in range(nv):
                     at = (i * nv + j) * parts
-                    acc[at:at + parts] = isa_.dot4(b, s.isa, acc[at:at + parts], av, bvec[j])
+                    acc[at:at + parts] = isa_.dot4(b, vec_isa, acc[at:at + parts], av, bvec[j])
 
         def load_group(kg: ir.Value) -> list[ir.Value]:
             out = []
@@ -154,9 +170,9 @@ class _Gen:
                 out.append(b.xor(a, flip) if flip is not None else a)
             return out
 
-        if self.kfull:
-            unroll = min(s.uk, self.kfull)
-            with loop_carry(b, i64(0), i64(self.kfull), accs, name="k", unroll=unroll if unroll > 1 else False) as kg:
+        if self.kfull > g0:
+            unroll = min(s.uk, self.kfull - g0) if s.isa != "amx" else 1
+            with loop_carry(b, i64(g0), i64(self.kfull), accs, name="k", unroll=unroll if unroll > 1 else False) as kg:
                 step(kg, accs, load_group(kg))
         if self.kfull < self.kg:
             step(i64(self.kfull), accs, self._tail_group(b, xrow, flip))
@@ -213,6 +229,9 @@ def build_module(name: str, spec: QGemmSpec, s: QSchedule, triple: str, threads:
     mod.triple = triple
     gen = _Gen(spec, s)
     rng = gen.emit(mod)
-    add_harness(mod, emit_main(mod, rng, gen.items(), 1 if s.par == "none" else threads))
+    main = emit_main(mod, rng, gen.items(), 1 if s.par == "none" else threads)
+    if s.isa == "amx":
+        amx_.request_permission(main)
+    add_harness(mod, main)
     return mod
 

@@ -8,7 +8,9 @@ each (u8 activations, s8 weights), and accumulates exact int32 sums of the 4 pro
 - `avx2`: no VNNI. `vpmaddubsw` would add two u8 x s8 products in a saturating int16 (255 x -128
   twice overflows), so the bytes are widened to int16 and `vpmaddwd` adds pairs into int32: an
   accumulator is two vectors of pair sums, folded into one at the end;
-- `generic`: plain LLVM integer vectors (widen to i32, multiply, add the 4 products), for any target.
+- `generic`: plain LLVM integer vectors (widen to i32, multiply, add the 4 products), for any target;
+- `amx`: Intel AMX tiles (`tdpbusd` on 16 x 64-byte tiles, `qgemm_amx`) for whole 64-byte chunks of the
+  reduction, `vnni512` for the rest and the epilogue, so it needs both.
 """
 
 from __future__ import annotations
@@ -18,9 +20,9 @@ from llvmlite import ir
 from schemas.target import Target
 from stages.codegen.irb import I32, intrinsic
 
-ISAS = ("vnni512", "vnni256", "avx2", "generic")
-LANES = {"vnni512": 16, "vnni256": 8, "avx2": 8, "generic": 4}
-PARTS = {"vnni512": 1, "vnni256": 1, "avx2": 2, "generic": 1}  # vectors per accumulator
+ISAS = ("vnni512", "vnni256", "avx2", "generic")  # the vector paths; the GEMM adds `amx` (`gemm_paths`)
+LANES = {"amx": 16, "vnni512": 16, "vnni256": 8, "avx2": 8, "generic": 4}
+PARTS = {"amx": 1, "vnni512": 1, "vnni256": 1, "avx2": 2, "generic": 1}  # vectors per accumulator
 I8, I16 = ir.IntType(8), ir.IntType(16)
 
 # CPUs (LLVM names) that have the feature when a target string names only the CPU.
@@ -34,6 +36,8 @@ _IMPLIED = {
              "emeraldrapids", "graniterapids", "znver1", "znver2", "znver3", "znver4", "znver5", "x86-64-v3",
              "x86-64-v4"},
 }
+_IMPLIED["amx-int8"] = _IMPLIED["amx-tile"] = {"sapphirerapids", "emeraldrapids", "graniterapids", "graniterapids-d",
+                                              "diamondrapids"}
 _IMPLIED["avx512vl"] = _IMPLIED["avx512vnni"] | {"skylake-avx512", "x86-64-v4"}
 _IMPLIED["avx512vbmi"] = (_IMPLIED["avx512vnni"] - {"cascadelake", "cooperlake"}) | {"cannonlake"}
 
@@ -59,6 +63,14 @@ def available(target: Target) -> tuple[str, ...]:
     return (*out, "generic")
 
 
+def gemm_paths(target: Target) -> tuple[str, ...]:
+    """The GEMM's paths on `target`: `amx` first where it has AMX-INT8 tiles and the `vnni512` path they
+    hand over to, then the vector paths."""
+    vector = available(target)
+    amx = "vnni512" in vector and _has(target, "amx-int8") and _has(target, "amx-tile")
+    return ("amx", *vector) if amx else vector
+
+
 def registers(isa: str, target: Target) -> int:
     """Vector registers the path's accumulators, operands and temporaries share."""
     return 32 if target.vector_bits == 512 and isa != "generic" else 16
@@ -70,6 +82,11 @@ def ivec(lanes: int, bits: int = 32) -> ir.VectorType:
 
 def zero_acc(isa: str) -> list[ir.Value]:
     return [ir.Constant(ivec(LANES[isa]), None)] * PARTS[isa]
+
+
+def vector_isa(isa: str) -> str:
+    """The vector path an ISA's sums, tails and epilogue run on (`amx` tiles hand over to `vnni512`)."""
+    return "vnni512" if isa == "amx" else isa
 
 
 def dot4(b: ir.IRBuilder, isa: str, acc: list[ir.Value], u8: ir.Value, s8: ir.Value) -> list[ir.Value]:
