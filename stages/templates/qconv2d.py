@@ -21,6 +21,7 @@ from schemas.target import Target
 from schemas.task import EpilogueOp, TensorSpec, TuningTask
 from stages.templates import qgemm_requant
 from stages.templates.conv2d_shape import ConvGeom, conv2d_task, conv_cli_args, geom
+from stages.templates.qconv2d_amx import pack_weights_amx
 from stages.templates.qconv2d_codegen import build_module
 from stages.templates.qconv2d_dw import pack_weights_dw
 from stages.templates.qconv2d_plan import QConvPlan, QConvSchedule
@@ -128,7 +129,10 @@ def kernel_args(task: TuningTask, knobs: Knobs, inputs: list[np.ndarray]) -> lis
     p = QConvPlan(qgeom(task), QConvSchedule.from_knobs(knobs))
     folded = folded_bias(bias, w.reshape(w.shape[0], -1), effective_zx(task), w.shape[0])
     size = p.g.groups * p.ot * p.oc_tile
-    wp = pack_weights_dw(w) if p.s.axis == "dw" else pack_weights(w, p)
+    if p.s.axis == "dw":
+        wp = pack_weights_dw(w)
+    else:
+        wp = pack_weights_amx(w, p) if p.s.isa == "amx" else pack_weights(w, p)
     return [np.ascontiguousarray(x), wp, padded(_per_tile(folded, p), size),
             padded(_per_tile(scale, p), size), aligned((p.workspace,), "uint8"),
             aligned(task.outputs[0].shape, task.outputs[0].dtype)]

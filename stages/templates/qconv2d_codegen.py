@@ -35,6 +35,8 @@ from stages.codegen.irb import (
     transpose_square,
 )
 from stages.codegen.parallel import body_args, emit_main, emit_phases, range_body
+from stages.templates import qconv2d_amx
+from stages.templates import qgemm_amx as amx_
 from stages.templates import qgemm_isa as isa_
 from stages.templates import qgemm_requant as rq_
 from stages.templates.qconv2d_dw import emit_dw
@@ -117,7 +119,10 @@ class _Conv:
         p, g, s = self.p, self.p.g, self.p.s
         fn, b = range_body(mod, "tf_qconv_range")
         x, w, bias, scale, ws, y = (b.bitcast(v, VOIDP) for v in body_args(b, fn, 6))
-        micro = self._micro(mod) if s.axis == "w" else self._micro_oc(mod)
+        micro = {"amx": self._micro_amx, "w": self._micro, "oc": self._micro_oc}[
+            "amx" if s.isa == "amx" else s.axis](mod)
+        if s.isa == "amx":
+            amx_.enter(b)
         with for_range(b, fn.args[1], fn.args[2], name="item", unroll=False) as item:
             ng, rest = b.sdiv(item, i64(p.ot * p.rt)), b.srem(item, i64(p.ot * p.rt))
             if s.order == "ot_rt":
@@ -127,6 +132,29 @@ class _Conv:
             n, grp = b.sdiv(ng, i64(g.groups)), b.srem(ng, i64(g.groups))
             with for_range(b, i64(0), i64(p.ct), name="ct", unroll=False) as ct:
                 b.call(micro, [w, bias, scale, ws, y, n, grp, ot, rt, ct])
+        if s.isa == "amx":
+            amx_.leave(b)
+        b.ret_void()
+        return fn
+
+    def _micro_amx(self, mod: ir.Module) -> ir.Function:
+        """AMX tiles (`qconv2d_amx`): `mr` output channels x `nv` 16-column vectors of one output row."""
+        p, g, s = self.p, self.p.g, self.p.s
+        fn = ir.Function(mod, ir.FunctionType(ir.VoidType(), [VOIDP] * 5 + [I64] * 5), name="qconv_micro_amx")
+        fn.linkage = "internal"
+        w, bias, scale, ws, y, n, grp, ot, rt, ct = fn.args
+        for arg in (w, bias, scale, ws, y):
+            arg.add_attribute("noalias")
+        b = ir.IRBuilder(fn.append_basic_block("entry"))
+        tile = add(b, mul(b, grp, i64(p.ot)), ot)
+        block = gep(b, b.bitcast(ws, I8P), mul(b, add(b, mul(b, n, i64(g.groups)), grp), i64(p.cb * p.plane)))
+        oh0, ow0 = rt, mul(b, ct, i64(p.nr))  # rh = 1
+        sums = amx_.scratch(b, s.mr, s.nv)
+        col = add(b, mul(b, oh0, i64(g.sh * g.sw * p.wq)), ow0)
+        qconv2d_amx.accumulate(b, p, qconv2d_amx.tile_weights(b, p, w, tile), block, col, sums)
+        sptr = b.bitcast(sums, ivec(s.lanes).as_pointer())
+        accs = [b.load(b.gep(sptr, [i64(i * s.nv + j)]), align=64) for i in range(s.mr) for j in range(s.nv)]
+        self._store(b, accs, lambda i, r, j: i * s.nv + j, bias, scale, y, n, grp, tile, ot, oh0, ow0)
         b.ret_void()
         return fn
 
@@ -313,5 +341,8 @@ def build_module(name: str, p: QConvPlan, rq: rq_.Requant, zx_raw: int, signed: 
         return mod
     pack = emit_main(mod, emit_pack(mod, p, zx_raw, signed), g.n * g.groups * p.cb, threads, name="tf_qpack")
     conv = emit_main(mod, _Conv(p, rq).emit(mod), p.items, threads, name="tf_qconv")
-    add_harness(mod, emit_phases(mod, [pack, conv]))
+    main = emit_phases(mod, [pack, conv])
+    if p.s.isa == "amx":
+        amx_.request_permission(main)
+    add_harness(mod, main)
     return mod

@@ -28,6 +28,7 @@ from stages.codegen.irb import (
     i64,
     intrinsic,
     mul,
+    opaque_on_x86,
     prefix_mask,
     smin,
     store_ints,
@@ -161,10 +162,11 @@ def _row_groups(b: ir.IRBuilder, row_ok: ir.Value, src: ir.Value, ow0: ir.Value,
                      [bty.as_pointer(), I32, mask.type, bty])
     v = b.call(load, [b.bitcast(b.gep(src, [col0]), bty.as_pointer()), ir.Constant(I32, 1), mask,
                       ir.Constant(bty, [zx_raw & 0xFF] * GROUP_BYTES)])
-    if signed:
-        v = b.xor(v, ir.Constant(bty, [0x80] * GROUP_BYTES))
     idx = [L * g.sw + t * g.dw if t < g.kw else L * g.sw for L in range(lanes) for t in range(4)]
     picked = b.shuffle_vector(v, ir.Constant(bty, ir.Undefined), ir.Constant(ir.VectorType(I32, 4 * lanes), idx))
+    if signed:  # flipped behind an asm barrier: LLVM 22 folding the flip into the shuffle never finished
+        # compiling for Intel CPUs (Emerald Rapids, Skylake-AVX512: stride-1 rows of int8 inputs; Zen 5 did)
+        picked = b.xor(opaque_on_x86(b, picked), ir.Constant(bty, [0x80] * GROUP_BYTES))
     return b.bitcast(picked, ivec(lanes))
 
 

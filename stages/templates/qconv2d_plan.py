@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from stages.templates import qgemm_amx
 from stages.templates.conv2d_shape import ConvGeom
 from stages.templates.qgemm_isa import LANES
 
@@ -91,10 +92,17 @@ class QConvPlan:
         return self.hp * self.g.sw * self.wq * 4
 
     @property
+    def chunks(self) -> int:
+        """AMX: tile loads of 16 channel blocks (64 channels) each; the last may reach past the channels."""
+        return -(-self.cb // qgemm_amx.ROWS)
+
+    @property
     def workspace(self) -> int:
         if self.s.axis == "dw":
             return 64
-        return self.g.n * self.g.groups * self.cb * self.plane
+        # AMX's last chunk reads whole 16-block tiles: blocks past the end must exist (their weights are 0)
+        extra = (self.chunks * qgemm_amx.ROWS - self.cb) * self.plane if self.s.isa == "amx" else 0
+        return self.g.n * self.g.groups * self.cb * self.plane + extra
 
     @property
     def items(self) -> int:

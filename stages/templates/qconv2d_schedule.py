@@ -10,17 +10,19 @@ from __future__ import annotations
 
 from schemas.config import Config
 from schemas.target import Target
+from stages.templates import qgemm_amx
 from stages.templates.conv2d_shape import ConvGeom
-from stages.templates.qgemm_isa import ISAS, LANES, PARTS, available, registers
+from stages.templates.qgemm_isa import ISAS, LANES, PARTS, available, gemm_paths, registers
 from stages.templates.space import ConfigSpace, Knob, Knobs, first_valid
 
-MR = (1, 2, 3, 4, 5, 6, 7, 8, 10, 12, 14, 16)
+MR = (1, 2, 3, 4, 5, 6, 7, 8, 10, 12, 14, 16, 32)
 RH = (1, 2, 3, 4)
 NV = (1, 2, 3, 4)
 UK = (1, 2, 4)
 ORDER = ("ot_rt", "rt_ot")
 AXIS = ("w", "oc", "dw")
 MAX_UNROLLED_DOTS = 1024  # taps x tile: keeps a candidate's compile time down
+AMX_MIN_BLOCKS = 8  # channel blocks of 4 a group needs for AMX tiles (16 a tile): half of each used
 # Lanes on output channels by default for narrow layers with channels enough (measured on ResNet-50's
 # 14x14 and 7x7 layers: 1.3-3.8x the column-lanes tile, which leaves lanes idle past 7 or 14 columns); for
 # windows up to 28 columns (ResNet-50's 28x28 3x3 convs: 0.90-0.92x the two-vector column tile, Zen 5)
@@ -36,7 +38,7 @@ def tile_registers(isa: str, mr: int, rh: int, nv: int) -> int:
 
 
 def qconv_space(g: ConvGeom, target: Target) -> ConfigSpace:
-    paths = available(target)
+    paths = gemm_paths(target)
     blocks = -(-g.icg // 4)
 
     def rule(c: Knobs) -> str | None:
@@ -45,12 +47,18 @@ def qconv_space(g: ConvGeom, target: Target) -> ConfigSpace:
         lanes = LANES[isa]
         if isa not in paths:
             return f"isa={isa} is not available on {target.name} (it runs {', '.join(paths)})"
+        if isa == "amx" and axis != "w":
+            return f"isa=amx tiles output channels x columns: axis must be w, got {axis}"
         if axis == "dw":
             return _dw_rule(g, isa, mr, rh, nv, uk, c["order"], registers(isa, target))
         if axis == "oc":
             return _oc_rule(g, isa, mr, rh, nv, uk, blocks, registers(isa, target))
         need = tile_registers(isa, mr, rh, nv)
-        if need > registers(isa, target):
+        if isa == "amx":
+            why = _amx_rule(g, mr, rh, nv, uk, blocks)
+            if why:
+                return why
+        elif need > registers(isa, target):
             regs = registers(isa, target)
             return f"an {mr}x{rh}x{nv} {isa} tile needs {need} vector registers, the target has {regs}"
         if mr > 1 and (mr // 2) >= g.ocg:
@@ -61,13 +69,32 @@ def qconv_space(g: ConvGeom, target: Target) -> ConfigSpace:
             return f"nv={nv} vectors of {lanes} leave a whole vector past the {g.ow} output columns"
         if uk > 1 and uk > blocks:
             return f"uk={uk} exceeds the {blocks} channel blocks of 4"
-        if mr * rh * nv * g.kh * g.kw * uk > MAX_UNROLLED_DOTS:
+        if isa != "amx" and mr * rh * nv * g.kh * g.kw * uk > MAX_UNROLLED_DOTS:
             return f"{mr * rh * nv * g.kh * g.kw * uk} unrolled dot products exceed {MAX_UNROLLED_DOTS}"
         return None
 
-    knobs = (Knob("isa", ISAS), Knob("mr", MR), Knob("rh", RH), Knob("nv", NV), Knob("uk", UK),
+    knobs = (Knob("isa", ("amx", *ISAS)), Knob("mr", MR), Knob("rh", RH), Knob("nv", NV), Knob("uk", UK),
              Knob("order", ORDER), Knob("axis", AXIS))
     return ConfigSpace(knobs=knobs, rule=rule)
+
+
+def _amx_rule(g: ConvGeom, mr: int, rh: int, nv: int, uk: int, blocks: int) -> str | None:
+    """AMX tiles (`qconv2d_amx`): `mr` = 16 or 32 output channels x `nv` 16-column tiles of one row."""
+    if rh != 1:
+        return "isa=amx tiles one output row: rh must be 1"
+    if mr not in (16, 32):
+        return f"isa=amx runs tiles of 16 output channels: mr must be 16 or 32, got {mr}"
+    if qgemm_amx.tiles_used(mr, nv) > qgemm_amx.TILES:
+        return f"an {mr}x{nv} amx tile needs {qgemm_amx.tiles_used(mr, nv)} tile registers, there are {qgemm_amx.TILES}"
+    if blocks < AMX_MIN_BLOCKS:
+        return (f"isa=amx reads 16 channel blocks of 4 a tile; the {g.icg} channels of a group would leave "
+                f"{16 - blocks} of 16 idle")
+    chunks = -(-blocks // qgemm_amx.ROWS)
+    if uk > 1 and uk > chunks:
+        return f"uk={uk} exceeds the {chunks} 64-channel chunks"
+    if g.kh * g.kw * (mr // 16) * nv * uk > MAX_UNROLLED_DOTS // 16:
+        return f"{g.kh * g.kw * (mr // 16) * nv * uk} unrolled tile products exceed {MAX_UNROLLED_DOTS // 16}"
+    return None
 
 
 def _oc_rule(g: ConvGeom, isa: str, mr: int, rh: int, nv: int, uk: int, blocks: int, regs: int) -> str | None:

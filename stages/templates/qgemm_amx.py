@@ -70,44 +70,68 @@ def request_permission(main: ir.Function) -> None:
     b.call(intrinsic(main.module, AMX_REQUEST, ir.VoidType(), []), [])
 
 
+class Tiles:
+    """The tile instructions on fixed tile registers (`llvm.x86.*` with immediate tile numbers)."""
+
+    def __init__(self, b: ir.IRBuilder):
+        mod, void = b.module, ir.VoidType()
+        self.b = b
+        self._zero = intrinsic(mod, "llvm.x86.tilezero", void, [I8])
+        self._load = intrinsic(mod, "llvm.x86.tileloadd64", void, [I8, VOIDP, I64])
+        self._store = intrinsic(mod, "llvm.x86.tilestored64", void, [I8, VOIDP, I64])
+        self._mod = mod
+
+    def zero(self, t: int) -> None:
+        self.b.call(self._zero, [ir.Constant(I8, t)])
+
+    def load(self, t: int, ptr: ir.Value, stride: int) -> None:
+        self.b.call(self._load, [ir.Constant(I8, t), ptr, i64(stride)])
+
+    def store(self, t: int, ptr: ir.Value, stride: int) -> None:
+        self.b.call(self._store, [ir.Constant(I8, t), ptr, i64(stride)])
+
+    def dot(self, c: int, a: int, bt: int, op: str = "tdpbusd") -> None:
+        """C += A . B over 4-byte groups; `tdpbusd`: A u8, B s8; `tdpbsud`: A s8, B u8."""
+        fn = intrinsic(self._mod, f"llvm.x86.{op}", ir.VoidType(), [I8, I8, I8])
+        self.b.call(fn, [ir.Constant(I8, c), ir.Constant(I8, a), ir.Constant(I8, bt)])
+
+
+def layout(mt: int, nt: int) -> tuple[list[list[int]], list[int], list[int]]:
+    """Tile numbers of an `mt x nt` block: its C tiles, then one A tile per row, one B per column."""
+    c = [[i * nt + j for j in range(nt)] for i in range(mt)]
+    return c, [mt * nt + i for i in range(mt)], [mt * nt + mt + j for j in range(nt)]
+
+
 def accumulate(b: ir.IRBuilder, x: ir.Value, wpanel: ir.Value, scratch: ir.Value, row0: ir.Value, k: int,
                mr: int, nv: int, uk: int) -> None:
     """Sums of rows `row0 .. row0+mr` of X (u8, row stride `k`) times a weight panel (`nv` * 16 columns,
     bytes at `wpanel`) over the first `chunks(k) * 64` reduction elements, into `scratch` (int32,
     mr x 16 nv, row-major)."""
-    mod = b.module
-    i8, void = I8, ir.VoidType()
-    zero = intrinsic(mod, "llvm.x86.tilezero", void, [i8])
-    load = intrinsic(mod, "llvm.x86.tileloadd64", void, [i8, VOIDP, I64])
-    store = intrinsic(mod, "llvm.x86.tilestored64", void, [i8, VOIDP, I64])
-    dot = intrinsic(mod, "llvm.x86.tdpbusd", void, [i8, i8, i8])
+    tl = Tiles(b)
     mt, nr = mr // ROWS, nv * ROWS
-    c_tile = [[i * nv + j for j in range(nv)] for i in range(mt)]
-    a_tile = [mt * nv + i for i in range(mt)]
-    b_tile = [mt * nv + mt + j for j in range(nv)]
-
-    def tile(t: int) -> ir.Constant:
-        return ir.Constant(i8, t)
-
+    c_tile, a_tile, b_tile = layout(mt, nv)
     for row in c_tile:
         for t in row:
-            b.call(zero, [tile(t)])
+            tl.zero(t)
     xrows = [gep(b, x, mul(b, add(b, row0, i64(ROWS * i)), i64(k))) for i in range(mt)]
     panel_row = nr * 4  # bytes of one reduction group across the panel
     n = chunks(k)
     with for_range(b, i64(0), i64(n), name="kc", unroll=min(uk, n) if uk > 1 and n > 1 else False) as kc:
         for i in range(mt):
-            b.call(load, [tile(a_tile[i]), gep(b, xrows[i], mul(b, kc, i64(CHUNK))), i64(k)])
+            tl.load(a_tile[i], gep(b, xrows[i], mul(b, kc, i64(CHUNK))), k)
         for j in range(nv):
-            at = add(b, mul(b, kc, i64(ROWS * panel_row)), i64(CHUNK * j))
-            b.call(load, [tile(b_tile[j]), gep(b, wpanel, at), i64(panel_row)])
+            tl.load(b_tile[j], gep(b, wpanel, add(b, mul(b, kc, i64(ROWS * panel_row)), i64(CHUNK * j))), panel_row)
         for i in range(mt):
             for j in range(nv):
-                b.call(dot, [tile(c_tile[i][j]), tile(a_tile[i]), tile(b_tile[j])])
-    for i in range(mt):
-        for j in range(nv):
-            at = i64(4 * (ROWS * i * nr + ROWS * j))
-            b.call(store, [tile(c_tile[i][j]), gep(b, scratch, at), i64(nr * 4)])
+                tl.dot(c_tile[i][j], a_tile[i], b_tile[j])
+    store_tiles(tl, c_tile, scratch, nr)
+
+
+def store_tiles(tl: Tiles, c_tile: list[list[int]], scratch: ir.Value, nr: int) -> None:
+    """The C tiles into `scratch`, a row-major int32 block `nr` wide."""
+    for i, row in enumerate(c_tile):
+        for j, t in enumerate(row):
+            tl.store(t, gep(tl.b, scratch, i64(4 * (ROWS * i * nr + ROWS * j))), nr * 4)
 
 
 def scratch(b: ir.IRBuilder, mr: int, nv: int) -> ir.Value:

@@ -1,4 +1,5 @@
-"""The int8 GEMM's AMX path (`qgemm_amx`): exact on a host with AMX tiles, chosen only where a target has them."""
+"""The int8 anchors' AMX paths (`qgemm_amx`, `qconv2d_amx`): exact on a host with AMX tiles, chosen only where
+a target has them."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ from schemas.target import Target, preset
 from schemas.task import parse_epilogue
 from stages.codegen.compile import assembly, compile_ir
 from stages.codegen.jit import LoadedKernel
-from stages.templates import qdense, qmatmul
+from stages.templates import qconv2d, qdense, qmatmul
 from stages.templates.qgemm_isa import gemm_paths
 
 HOST = Target.host()
@@ -109,3 +110,42 @@ def test_amx_kernels_emit_the_tile_instructions_and_ask_for_permission():
     asm = assembly(qmatmul.build_ir(task, {**qmatmul.default_config(task, EMR).knobs, "mr": 32, "nv": 2}, EMR), EMR)
     assert asm.count("tdpbusd") >= 4 and "ldtilecfg" in asm and "tilerelease" in asm
     assert "tf_amx_request" in asm
+
+
+@needs_amx
+@pytest.mark.parametrize(("x", "w", "stride", "pad", "group", "x_dtype", "tiles"), [
+    ((1, 64, 56, 56), (72, 64, 1, 1), 1, 0, 1, "uint8", ((16, 2), (32, 2))),  # flattened 1x1: one row
+    ((1, 128, 14, 14), (40, 128, 3, 3), 1, 1, 1, "int8", ((32, 1), (16, 1))),  # 2 chunks, last oc tile short
+    ((1, 96, 15, 17), (24, 96, 3, 3), 2, 1, 1, "uint8", ((16, 1),)),  # stride phases, a chunk half empty
+    ((2, 64, 9, 9), (64, 32, 3, 3), 1, 1, 2, "uint8", ((16, 1), (32, 1))),  # groups of 32 channels, 2 images
+])
+def test_amx_conv_is_exact(x, w, stride, pad, group, x_dtype, tiles):
+    task = qconv2d.task(x, w, (stride, stride), (pad,) * 4, group=group, ops=parse_epilogue("relu"),
+                        x_dtype=x_dtype, x_zero_point=-7 if x_dtype == "int8" else 131, y_zero_point=3)
+    inputs = qconv2d.make_inputs(task, seed=sum(x) + sum(w))
+    ref = qconv2d.reference(task, inputs)
+    assert len(np.unique(ref)) > 3
+    for mr, nv in tiles:
+        knobs = {**qconv2d.default_config(task, HOST).knobs, "isa": "amx", "axis": "w", "rh": 1, "mr": mr, "nv": nv,
+                 "uk": 1}
+        assert qconv2d.space(task, HOST).reason(knobs) is None
+        args = qconv2d.kernel_args(task, knobs, inputs)
+        args[-1][...] = 0x5A
+        args[4] = _before_a_guard_page(args[4])  # the packed input: the last chunk's tiles must stay inside
+        LoadedKernel(compile_ir(qconv2d.build_ir(task, knobs, HOST, threads=2), HOST).data, HOST)(args)
+        np.testing.assert_array_equal(args[-1], ref, err_msg=f"mr={mr} nv={nv}")
+
+
+def test_amx_conv_space():
+    task = qconv2d.task((1, 64, 28, 28), (64, 64, 3, 3), pads=(1, 1, 1, 1))
+    knobs = {**qconv2d.default_config(task, EMR).knobs, "isa": "amx", "axis": "w", "rh": 1, "mr": 16, "nv": 2, "uk": 1}
+    sp = qconv2d.space(task, EMR)
+    assert sp.reason(knobs) is None
+    assert "not available on zen5" in qconv2d.space(task, ZEN5).reason(knobs)
+    assert "rh must be 1" in sp.reason({**knobs, "rh": 2})
+    assert "axis must be w" in sp.reason({**knobs, "axis": "oc"})
+    assert "16 or 32" in sp.reason({**knobs, "mr": 8})
+    narrow = qconv2d.task((1, 16, 28, 28), (64, 16, 3, 3), pads=(1, 1, 1, 1))
+    assert "idle" in qconv2d.space(narrow, EMR).reason(knobs)
+    asm = assembly(qconv2d.build_ir(task, knobs, EMR), EMR)
+    assert asm.count("tdpbsud") >= 9 * 2 and "ldtilecfg" in asm and "tf_amx_request" in asm
