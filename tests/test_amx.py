@@ -145,6 +145,10 @@ def test_amx_conv_space():
     assert "rh must be 1" in sp.reason({**knobs, "rh": 2})
     assert "axis must be w" in sp.reason({**knobs, "axis": "oc"})
     assert "16 or 32" in sp.reason({**knobs, "mr": 8})
+    assert qconv2d.default_config(task, EMR).knobs == {**knobs, "mr": 32}
+    assert qconv2d.default_config(task, ZEN5).knobs["isa"] == "vnni512"
+    depthwise = qconv2d.task((1, 64, 28, 28), (64, 1, 3, 3), pads=(1, 1, 1, 1), group=64)
+    assert qconv2d.default_config(depthwise, EMR).knobs["axis"] == "dw"
     narrow = qconv2d.task((1, 16, 28, 28), (64, 16, 3, 3), pads=(1, 1, 1, 1))
     assert "idle" in qconv2d.space(narrow, EMR).reason(knobs)
     asm = assembly(qconv2d.build_ir(task, knobs, EMR), EMR)

@@ -20,6 +20,8 @@ from stages.templates import TEMPLATES, qconv2d
 from stages.templates.qgemm_isa import LANES, available
 
 HOST = Target.host()
+# The vector paths' default rules, on this host with its AMX tiles taken away (tests/test_amx.py has AMX's)
+VEC_HOST = HOST.model_copy(update={"features": HOST.features.replace("+amx-int8", "-amx-int8")})
 AVX2 = preset("x86-64-avx2")
 NO_AVX = Target.parse("llvm -mtriple=x86_64-unknown-linux-gnu -mcpu=x86-64 -mattr=-avx,-avx2 -name=sse2")
 PATHS = [(HOST, isa) for isa in available(HOST) if isa != "generic"] + [(AVX2, "avx2"), (NO_AVX, "generic")]
@@ -135,7 +137,7 @@ def test_default_config_is_valid_for_every_shape(target):
                                    ((2, 72, 7, 5), (70, 72, 3, 3), (1, 1), (1, 1, 1, 1))], ids=["columns", "channels"])
 def test_default_runs_exact_threaded_with_a_batch(shape):
     task = qconv2d.task(*shape, x_zero_point=60, y_zero_point=100)
-    knobs = qconv2d.default_config(task, HOST).knobs
+    knobs = qconv2d.default_config(task, VEC_HOST).knobs
     assert knobs["axis"] == ("w" if shape[0][1] == 16 else "oc" if "vnni512" in available(HOST) else knobs["axis"])
     inputs = qconv2d.make_inputs(task, seed=5)
     out = _run(task, HOST, knobs, inputs, threads=2)
@@ -172,8 +174,8 @@ def test_pointwise_conv_runs_flattened_exact(target, isa, axis):
 
 def test_flattened_pointwise_default_keeps_the_narrow_layer_rule():
     """The lanes-on-channels choice reads the image's output width, not the flattened row's."""
-    narrow = qconv2d.default_config(qconv2d.task((1, 256, 14, 14), (1024, 256, 1, 1)), HOST).knobs
-    wide = qconv2d.default_config(qconv2d.task((1, 256, 56, 56), (64, 256, 1, 1)), HOST).knobs
+    narrow = qconv2d.default_config(qconv2d.task((1, 256, 14, 14), (1024, 256, 1, 1)), VEC_HOST).knobs
+    wide = qconv2d.default_config(qconv2d.task((1, 256, 56, 56), (64, 256, 1, 1)), VEC_HOST).knobs
     assert narrow["axis"] == ("oc" if available(HOST)[0] != "generic" else "w")
     assert (wide["axis"], wide["rh"]) == ("w", 1)
 
@@ -184,14 +186,14 @@ def test_default_lanes_on_channels_for_28_wide_windows_and_pointwise_pixels_that
     if available(HOST)[0] == "generic":
         pytest.skip("the lanes-on-channels default needs a vector dot-product path")
     window = qconv2d.task((1, 128, 28, 28), (128, 128, 3, 3), pads=(1, 1, 1, 1))
-    assert qconv2d.default_config(window, HOST).knobs["axis"] == "oc"
-    assert qconv2d.default_config(qconv2d.task((1, 128, 32, 32), (128, 128, 3, 3)), HOST).knobs["axis"] == "w"
+    assert qconv2d.default_config(window, VEC_HOST).knobs["axis"] == "oc"
+    assert qconv2d.default_config(qconv2d.task((1, 128, 32, 32), (128, 128, 3, 3)), VEC_HOST).knobs["axis"] == "w"
     for hw, mr in ((7, 10), (14, 10), (4, 8)):
-        knobs = qconv2d.default_config(qconv2d.task((1, 96, hw, hw), (160, 96, 1, 1)), HOST).knobs
+        knobs = qconv2d.default_config(qconv2d.task((1, 96, hw, hw), (160, 96, 1, 1)), VEC_HOST).knobs
         assert (knobs["axis"], knobs["mr"]) == ("oc", mr), hw
     task = qconv2d.task((1, 72, 7, 7), (80, 72, 1, 1), x_zero_point=40, y_zero_point=7)
     inputs = qconv2d.make_inputs(task, seed=2)
-    knobs = qconv2d.default_config(task, HOST).knobs
+    knobs = qconv2d.default_config(task, VEC_HOST).knobs
     np.testing.assert_array_equal(_run(task, HOST, knobs, inputs, threads=2), qconv2d.reference(task, inputs))
 
 

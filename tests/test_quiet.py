@@ -37,4 +37,4 @@ def test_settle_waits_for_a_spinning_thread_to_stop():
 def test_settle_gives_up_after_max_s():
     with spinning(60):
         waited = settle(max_s=0.3)
-    assert 0.3 <= waited < 1.0
+    assert 0.3 <= waited < 2.0  # it gives up (a loaded 2-core CI machine once took 1.1 s to wake the poll)

@@ -136,14 +136,15 @@ def _pointwise_pixels(pixels: int) -> int:
 
 
 def default_qconv(g: ConvGeom, target: Target, what: str = "", image_ow: int | None = None) -> Config:
-    """Narrow layers with many channels (OW <= 14, or 28 with a window; 64+ channels a group): lanes on
-    output channels, a 6 pixels x 4 vectors tile (for 1x1 windows 2 vectors x 8-12 pixels, the count that
-    idles the fewest pixels in the last tile). Otherwise lanes on output columns: the fastest
-    path the target runs, or its 256-bit one when 16 lanes would waste a third of the columns;
-    vectors to cover a row (up to 4), rows to make the tile 4 vectors; as many output channels as
-    the registers left hold; the channel-block loop unrolled twice for 1x1 windows. Checked by the
-    space's rule, with fallbacks down to a 1x1x1 tile. `image_ow`: the image's output width where `g` is a
-    flattened 1x1 conv (qconv2d.qgeom), which the narrow-layer choice reads."""
+    """AMX tiles where the target has them and a group has 32+ channels (`qconv2d_amx`). Else: narrow layers
+    with many channels (OW <= 14, or 28 with a window; 64+ channels a group): lanes on output channels, a
+    6 pixels x 4 vectors tile (for 1x1 windows 2 vectors x 8-12 pixels, the count that idles the fewest
+    pixels in the last tile). Otherwise lanes on output columns: the fastest path the target runs, or its
+    256-bit one when 16 lanes would waste a third of the columns; vectors to cover a row (up to 4), rows
+    to make the tile 4 vectors; as many output channels as the registers left hold; the channel-block
+    loop unrolled twice for 1x1 windows. Checked by the space's rule, with fallbacks down to a 1x1x1
+    tile. `image_ow`: the image's output width where `g` is a flattened 1x1 conv (qconv2d.qgeom), which
+    the narrow-layer choice reads."""
     sp = qconv_space(g, target)
     paths = available(target)
     isa = paths[0]
@@ -169,7 +170,11 @@ def default_qconv(g: ConvGeom, target: Target, what: str = "", image_ow: int | N
         # 1x1 windows: a narrower panel (2 vectors) stays in L1 over the whole reduction
         onv, omr = (4, 6) if g.kh * g.kw > 1 else (2, _pointwise_pixels(g.oh * g.ow))
         oc_tiles = [{**knobs, "isa": wide, "axis": "oc", "rh": 1, "nv": onv, "mr": omr}]
-    candidates = [*oc_tiles, knobs, {**knobs, "uk": 1}, {**knobs, "mr": max(1, mr // 2), "uk": 1},
+    # AMX where the target has it: 1.4-3.3x the vector default on every ResNet-50 conv (Emerald Rapids, 1 thread),
+    # 32 output channels x 2 column tiles the best or within 10% of it on most
+    amx = {"isa": "amx", "mr": 32 if g.ocg > 16 else 16, "rh": 1, "nv": 2 if g.ow > 16 else 1, "uk": 1,
+           "order": "ot_rt", "axis": "w"}
+    candidates = [amx, *oc_tiles, knobs, {**knobs, "uk": 1}, {**knobs, "mr": max(1, mr // 2), "uk": 1},
                   {**knobs, "mr": 1, "rh": 1, "nv": 1, "uk": 1},
                   {"isa": "generic", "mr": 1, "rh": 1, "nv": 1, "uk": 1, "order": "ot_rt", "axis": "w"}]
     return first_valid(sp, candidates, f"{what or 'int8 conv'} on {target.name}")
