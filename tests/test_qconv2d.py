@@ -21,7 +21,7 @@ from stages.templates.qgemm_isa import LANES, available
 
 HOST = Target.host()
 # The vector paths' default rules, on this host with its AMX tiles taken away (tests/test_amx.py has AMX's)
-VEC_HOST = HOST.model_copy(update={"features": HOST.features.replace("+amx-int8", "-amx-int8")})
+VEC_HOST = Target(**{**HOST.model_dump(), "features": HOST.features.replace("+amx-int8", "-amx-int8")})
 AVX2 = preset("x86-64-avx2")
 NO_AVX = Target.parse("llvm -mtriple=x86_64-unknown-linux-gnu -mcpu=x86-64 -mattr=-avx,-avx2 -name=sse2")
 PATHS = [(HOST, isa) for isa in available(HOST) if isa != "generic"] + [(AVX2, "avx2"), (NO_AVX, "generic")]
