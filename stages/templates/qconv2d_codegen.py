@@ -111,6 +111,15 @@ def _splat64(b: ir.IRBuilder, x: ir.Value, lanes: int) -> ir.Value:
     return b.shuffle_vector(v, ir.Constant(ty, ir.Undefined), ir.Constant(ivec(lanes), None))
 
 
+def _micro_fn(mod: ir.Module, name: str) -> tuple[ir.Function, ir.IRBuilder]:
+    """An internal micro-kernel `(w, bias, scale, ws, y: ptr noalias; n, grp, ot, rt, ct: i64)` and its builder."""
+    fn = ir.Function(mod, ir.FunctionType(ir.VoidType(), [VOIDP] * 5 + [I64] * 5), name=name)
+    fn.linkage = "internal"
+    for arg in fn.args[:5]:
+        arg.add_attribute("noalias")
+    return fn, ir.IRBuilder(fn.append_basic_block("entry"))
+
+
 class _Conv:
     def __init__(self, p: QConvPlan, rq: rq_.Requant):
         self.p, self.rq = p, rq
@@ -140,12 +149,8 @@ class _Conv:
     def _micro_amx(self, mod: ir.Module) -> ir.Function:
         """AMX tiles (`qconv2d_amx`): `mr` output channels x `nv` 16-column vectors of one output row."""
         p, g, s = self.p, self.p.g, self.p.s
-        fn = ir.Function(mod, ir.FunctionType(ir.VoidType(), [VOIDP] * 5 + [I64] * 5), name="qconv_micro_amx")
-        fn.linkage = "internal"
+        fn, b = _micro_fn(mod, "qconv_micro_amx")
         w, bias, scale, ws, y, n, grp, ot, rt, ct = fn.args
-        for arg in (w, bias, scale, ws, y):
-            arg.add_attribute("noalias")
-        b = ir.IRBuilder(fn.append_basic_block("entry"))
         tile = add(b, mul(b, grp, i64(p.ot)), ot)
         block = gep(b, b.bitcast(ws, I8P), mul(b, add(b, mul(b, n, i64(g.groups)), grp), i64(p.cb * p.plane)))
         oh0, ow0 = rt, mul(b, ct, i64(p.nr))  # rh = 1
@@ -162,12 +167,8 @@ class _Conv:
         p, g, s = self.p, self.p.g, self.p.s
         lanes, parts = s.lanes, PARTS[s.isa]
         taps = g.kh * g.kw
-        fn = ir.Function(mod, ir.FunctionType(ir.VoidType(), [VOIDP] * 5 + [I64] * 5), name="qconv_micro")
-        fn.linkage = "internal"
+        fn, b = _micro_fn(mod, "qconv_micro")
         w, bias, scale, ws, y, n, grp, ot, rt, ct = fn.args
-        for arg in (w, bias, scale, ws, y):
-            arg.add_attribute("noalias")
-        b = ir.IRBuilder(fn.append_basic_block("entry"))
         vty = ivec(lanes)
         tile = add(b, mul(b, grp, i64(p.ot)), ot)  # channel tile among all groups'
         wtile = gep(b, b.bitcast(w, I32.as_pointer()), mul(b, tile, i64(p.cb * taps * s.mr)))
@@ -208,12 +209,8 @@ class _Conv:
         its bytes are stored lane by lane (one channel plane each), a small cost beside the long sums."""
         p, g, s = self.p, self.p.g, self.p.s
         lanes, parts, taps, pixels = s.lanes, PARTS[s.isa], g.kh * g.kw, g.oh * g.ow
-        fn = ir.Function(mod, ir.FunctionType(ir.VoidType(), [VOIDP] * 5 + [I64] * 5), name="qconv_micro_oc")
-        fn.linkage = "internal"
+        fn, b = _micro_fn(mod, "qconv_micro_oc")
         w, bias, scale, ws, y, n, grp, ot, rt, _ = fn.args
-        for arg in (w, bias, scale, ws, y):
-            arg.add_attribute("noalias")
-        b = ir.IRBuilder(fn.append_basic_block("entry"))
         vty = ivec(lanes)
         tile = add(b, mul(b, grp, i64(p.ot)), ot)
         wpanel = gep(b, b.bitcast(w, vty.as_pointer()), mul(b, tile, i64(p.cb * taps * s.nv)))
