@@ -101,6 +101,21 @@ def test_both_parallel_axes_and_orders_with_blocking_edges(par, order):
     assert _run(task, knobs, threads=2)[0]
 
 
+@pytest.mark.parametrize("order", ["jr_ir", "ir_jr"])
+@pytest.mark.parametrize("task", [
+    batch_matmul.task((1, 3, 37, 40), (1, 3, 40, 69), (EpilogueOp(kind="bias"),)),  # 69 = 64 + 5: 1 of 4 vectors
+    dense.task(23, 105, 150, (EpilogueOp(kind="residual_add"), EpilogueOp(kind="gelu"))),  # 105 = 64 + 41: 3 of 4
+    matmul.task(30, 197, 64)])  # ViT's score shape: 197 = 3 x 64 + 5
+def test_a_part_last_panel_gets_a_narrower_micro_kernel(task, order):
+    knobs = {"mr": 6, "nv": 4, "vw": 16, "kc": 64 if task.op != "dense" else 32, "mc": 2, "nc": 2, "uk": 4,
+             "order": order, "pack_a": 1, "par": "m"}
+    tpl = TEMPLATES[task.op]
+    assert tpl.space(task, HOST).reason(knobs) is None
+    assert "define internal void @\"micro_edge\"" in str(tpl.build_ir(task, knobs, HOST, 2))
+    ok, err = _run(task, knobs, threads=2)
+    assert ok, err
+
+
 @pytest.mark.parametrize("task", [matmul.task(1024, 1024, 1024), dense.task(128, 3072, 768),
                                   batch_matmul.task((12, 128, 64), (12, 64, 128))], ids=lambda t: t.description)
 def test_large_spaces_hold_over_ten_thousand_valid_configs(task):

@@ -6,8 +6,9 @@ panels, K blocks of `kc`, M blocks of `mc` row tiles (A optionally packed per bl
 `mr`-interleaved panel, so the micro-kernel streams it), then panels x row tiles in the
 schedule's order. The micro-kernel keeps an `mr x nv*vw` tile of C in vector registers over a
 whole K block; on the last K block it scales by alpha, applies the epilogue in registers and
-stores once. Edges are handled at run time by masked loads/stores (one micro-kernel per
-config, which keeps IR and compile time small).
+stores once. Edges are handled at run time by masked loads/stores. Where N leaves a part panel
+that fewer vectors cover, that panel gets a micro-kernel of its own, only as wide as it (`nv_edge`):
+ViT's 197-token score batch matmul computed 256 columns for 197 with one kernel for every panel.
 
 B is either packed at build time into panels `Bp[ceil(N/nr)][K][nr]` (zero-padded on N, by
 `gemm_operands`), or read in place as row-major `(K, N)` (activations, e.g. attention's batch matmul).
@@ -132,6 +133,7 @@ class _Gen:
         # A element (row i, reduction k) lives at i * ars + k * aks
         self.ars, self.aks = (1, spec.m) if spec.a_trans else (spec.lda or spec.k, 1)
         self.ldb, self.ldc = spec.ldb or spec.n, spec.ldc or spec.n
+        self.nv_edge = -(-(spec.n - (self.panels - 1) * s.nr) // s.vw)  # vectors the last panel needs
 
     def emit(self, mod: ir.Module) -> ir.Function:
         g, s = self.g, self.s
@@ -145,7 +147,8 @@ class _Gen:
         if s.pack_a:
             buf = b.alloca(F32, size=i64(s.mc * s.mr * s.kc))
             buf.align = 64
-        micro = self._micro_fn(mod)
+        micro = self._micro_fn(mod, s.nv, "micro", edge_cols=self.nv_edge == s.nv and g.n % s.nr != 0)
+        micro_edge = self._micro_fn(mod, self.nv_edge, "micro_edge", True) if self.nv_edge < s.nv else None
         per = {"m": self.ib_count, "n": self.jb_count}.get(s.par, 1)
         offsets = self._offsets_table(mod)
         with for_range(b, fn.args[1], fn.args[2], name="item", unroll=False) as item:
@@ -173,7 +176,7 @@ class _Gen:
                         if buf is not None:
                             self._pack_a(b, a_b, buf, t0, t1, pc, kl)
                         ctx = dict(a=a_b, buf=buf, bm=b_b, c=c, epi=epi, c_base=c_base, pc=pc, kl=kl,
-                                   first=first, last=last, t0=t0, micro=micro)
+                                   first=first, last=last, t0=t0, micro=micro, micro_edge=micro_edge)
                         outer, inner = ((p0, p1), (t0, t1)) if s.order == "jr_ir" else ((t0, t1), (p0, p1))
                         with for_range(b, *outer, name="o", unroll=False) as o:
                             with for_range(b, *inner, name="n", unroll=False) as n:
@@ -231,7 +234,14 @@ class _Gen:
         c_off = add(b, ctx["c_base"], add(b, mul(b, row0, i64(self.ldc)), col0))
         args = [aptr, bptr, ctx["c"], c_off, col0, ctx["kl"], ctx["first"], ctx["last"], rows, cols,
                 self._pf_ptr(b, ctx, t, p, bptr), *ctx["epi"]]
-        b.call(ctx["micro"], args)
+        if ctx["micro_edge"] is None:
+            b.call(ctx["micro"], args)
+            return
+        with b.if_else(b.icmp_signed("==", p, i64(self.panels - 1))) as (edge, full):
+            with edge:
+                b.call(ctx["micro_edge"], args)
+            with full:
+                b.call(ctx["micro"], args)
 
     def _pf_lines(self) -> int:
         """Lines of the next B block each micro call prefetches (0: none)."""
@@ -252,12 +262,13 @@ class _Gen:
         base = b.select(ctx["last"], nxt, same)
         return gep(b, base, mul(b, t, i64(lines * 16)))
 
-    def _micro_fn(self, mod: ir.Module) -> ir.Function:
-        """C tile (+)= A tile @ B micro-panel over one K block; epilogue and store on the last."""
+    def _micro_fn(self, mod: ir.Module, nv: int, name: str, edge_cols: bool) -> ir.Function:
+        """C tile (+)= A tile @ B micro-panel over one K block, `nv` vectors wide (columns masked at run
+        time where `edge_cols`); epilogue and store on the last."""
         g, s = self.g, self.s
-        vw, nv, mr = s.vw, s.nv, s.mr
+        vw, mr = s.vw, s.mr
         argty = [F32P, F32P, F32P, I64, I64, I64, I1, I1, I64, I64, F32P] + [F32P] * self.n_epi
-        fn = ir.Function(mod, ir.FunctionType(ir.VoidType(), argty), name="micro")
+        fn = ir.Function(mod, ir.FunctionType(ir.VoidType(), argty), name=name)
         fn.linkage = "internal"
         a, bp, c, c_off, col0, kl, first, last, rows, cols, pf, *epi = fn.args
         for arg in (a, bp, c, *epi):
@@ -265,7 +276,6 @@ class _Gen:
         b = ir.IRBuilder(fn.append_basic_block("entry"))
         vty = vec(vw)
         tile = b.alloca(ir.ArrayType(vty, mr * nv))
-        edge_cols = g.n % s.nr != 0
         edge_rows = g.m % mr != 0
         col_mask = [self._mask(b, cols, j * vw, vw) if edge_cols else None for j in range(nv)]
         row_ok = [b.icmp_signed("<", i64(i), rows) if (edge_rows and i) else None for i in range(mr)]
@@ -313,20 +323,20 @@ class _Gen:
         if not (g.epilogue or g.alpha != 1.0):
             store()
         elif self.kb_count == 1:
-            self._finish_rows(b, accs, tile, cptr, epi, c_off, col0, rows, col_mask)
+            self._finish_rows(b, accs, tile, cptr, epi, c_off, col0, rows, col_mask, nv)
         else:
             with b.if_else(last) as (then, other):
                 with then:
-                    self._finish_rows(b, accs, tile, cptr, epi, c_off, col0, rows, col_mask)
+                    self._finish_rows(b, accs, tile, cptr, epi, c_off, col0, rows, col_mask, nv)
                 with other:
                     store()
         b.ret_void()
         return fn
 
-    def _finish_rows(self, b, accs, tile, cptr, epi, c_off, col0, rows, col_mask) -> None:
+    def _finish_rows(self, b, accs, tile, cptr, epi, c_off, col0, rows, col_mask, nv: int) -> None:
         """Alpha and the epilogue, applied row by row in a loop (one copy of the chain per vector
         column, not per tile element: long chains stay cheap to compile), then the store."""
-        g, nv, vw = self.g, self.s.nv, self.s.vw
+        g, vw = self.g, self.s.vw
         for idx, v in enumerate(accs):
             b.store(v, b.gep(tile, [ir.Constant(I32, 0), ir.Constant(I32, idx)]))
         slots = operands(g.epilogue)
