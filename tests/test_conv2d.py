@@ -168,12 +168,24 @@ def test_column_tiles_take_full_width_vectors_on_full_rate_avx512(x, w, stride, 
     assert conv2d.default_config(task, full.model_copy(update={"cpu": "znver4"})).knobs["vw"] == 8
 
 
-@pytest.mark.parametrize("x,oc,axis", [((1, 64, 14, 14), 384, "oc"), ((1, 32, 28, 28), 192, "oc"),
+@pytest.mark.parametrize("x,oc,axis", [((1, 64, 14, 14), 384, "oc"), ((1, 768, 17, 17), 192, "oc"),
                                        ((1, 96, 14, 14), 576, "oc"), ((1, 64, 56, 56), 256, "w"),
-                                       ((1, 16, 14, 14), 96, "w")])
-def test_1x1_gemms_on_small_images_put_channels_on_the_lanes_from_32_input_channels(x, oc, axis):
+                                       ((1, 16, 14, 14), 96, "w"), ((1, 32, 28, 28), 192, "w"),
+                                       ((1, 512, 28, 28), 256, "w"), ((1, 2048, 8, 8), 448, "w")])
+def test_1x1_gemms_put_channels_on_the_lanes_where_pixel_columns_waste_lanes(x, oc, axis):
+    """Channel vectors from 32 input channels on 14x14 and 17x17 images (column tiles fill 88-90% of their
+    lanes there), not where the image fills whole 32-pixel tiles (8x8, 28x28)."""
     task = conv2d.conv2d_task(x, (oc, x[1], 1, 1))
     assert conv2d.default_config(task, preset("x86-64-avx512")).knobs["axis"] == axis
+
+
+@pytest.mark.parametrize("x,oc", [((1, 240, 28, 28), 40), ((1, 2048, 8, 8), 448), ((1, 64, 73, 73), 80)])
+def test_1x1_gemm_column_tiles_are_two_vectors_wide_or_more(x, oc):
+    """One-vector tiles load a weight per FMA: 24 x 1 ran EfficientNet-B0's 240x28x28 -> 40 at 86 GFLOPS, 12 x 2
+    at 100 (Emerald Rapids)."""
+    task = conv2d.conv2d_task(x, (oc, x[1], 1, 1))
+    knobs = conv2d.default_config(task, preset("x86-64-avx512")).knobs
+    assert knobs["axis"] == "w" and knobs["nw"] * knobs["rh"] >= 2, knobs
 
 
 @pytest.mark.parametrize("stride,icb,par,threads",

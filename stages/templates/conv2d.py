@@ -50,6 +50,13 @@ GEMM_OC_MIN_IC = 128
 # 32x28x28 -> 192 1.2x (half-width vectors run at half the FMA rate there)
 GEMM_OC_SMALL_MIN_IC = 32
 GEMM_OC_SMALL_IMAGE = 28 * 28
+# ... but not where the image fills whole 32-pixel column tiles (97% of their lanes or more) and is at most this
+# many pixels: Emerald Rapids, 1 thread, column tiles of 12 channels x 2 vectors against channel vectors:
+# Inception-v3's 8x8 layers 2048 -> 448 159 vs 69 GFLOPS (channel vectors re-stream 3.5 MB of weights per
+# output row), 28x28: DenseNet-121's 128-480 -> 128 140-157 vs 101-128, ResNet-50's 512 -> 256 124 vs 105;
+# 14x14 (88% of the lanes) and 17x17 (90%) stay on channel vectors, which won there (123-149 vs 100-126).
+GEMM_W_MAX_PIXELS = 32 * 32
+GEMM_W_MIN_FILL = 0.97
 
 MAX_UNROLLED_FMAS = 512  # keeps a candidate's compile time down
 PAR_ITEMS = 8  # the default keeps at least this many channel blocks when it can
@@ -159,7 +166,8 @@ def default_config(task: TuningTask, target: Target) -> Config:
     weights of a channel block in half of L2; the parallel axis is whichever has more items
     (channel blocks of whole groups for grouped convs). On 16-lane targets, a dense conv with enough
     input channels (16 when packed, 128 for a 1x1 GEMM, whose output channels must also fill the
-    lanes) puts output channels on the lanes instead (`axis=oc`, all input channels in one block,
+    lanes; not on an image of whole 32-pixel column tiles, `GEMM_W_MAX_PIXELS`; a 1x1 GEMM's column tiles
+    are two vectors wide or more) puts output channels on the lanes instead (`axis=oc`, all input channels in one block,
     tile from `_oc_tile`): unlike column tiles it wastes no lanes on 7-, 14- and 28-wide outputs, and
     loads one weight vector per 14-28 FMAs where column tiles broadcast one weight per 4. Each choice
     is checked by the space's rule and falls back to the next (column vectors when no channel block
@@ -168,19 +176,24 @@ def default_config(task: TuningTask, target: Target) -> Config:
     g = geom(task)
     regs, lanes = target.vector_registers, target.vector_lanes
     tiles: list[tuple[str, int, int, int, int, int]] = []  # (axis, vw, mr, nw, rh, flat), preferred first
-    gemm_ok = (g.icg >= GEMM_OC_MIN_IC or g.icg >= GEMM_OC_SMALL_MIN_IC and g.oh * g.ow <= GEMM_OC_SMALL_IMAGE) \
-        and (g.oc % lanes == 0 or g.oc >= 4 * lanes)  # 24 channels: 0.59x
+    pixels = g.oh * g.ow
+    columns_fill = pixels <= GEMM_W_MAX_PIXELS and pixels / (-(-pixels // (2 * lanes)) * 2 * lanes) >= GEMM_W_MIN_FILL
+    gemm_ok = (g.icg >= GEMM_OC_MIN_IC or g.icg >= GEMM_OC_SMALL_MIN_IC and pixels <= GEMM_OC_SMALL_IMAGE) \
+        and (g.oc % lanes == 0 or g.oc >= 4 * lanes) and not columns_fill  # 24 channels: 0.59x
     oc_tile = _oc_tile(task, target) if lanes >= 16 and g.groups == 1 and g.oc >= lanes \
         and (gemm_ok if g.is_1x1_gemm else g.icg >= OC_AXIS_MIN_IC) else None
     if oc_tile is not None:
         tiles.append(("oc", *oc_tile))
     dw_tile = _depthwise_tile(task, target)
+    # A 1x1 GEMM's flat grid in one-vector tiles broadcasts a weight per FMA and loads little else: load-bound
+    # (EfficientNet-B0's 240x28x28 -> 40: 24 channels x 1 vector 86 GFLOPS, 12 x 2 100, 6 x 4 103).
+    gemm_like = g.is_1x1_gemm
     best: tuple | None = None
     for flat in FLAT:
         p = plan(task, {**PROBE, "vw": lanes, "flat": flat})
         out_h, out_w = p.out_h, p.out_w
         for vw in (v for v in VW if v in (lanes, lanes // 2)):
-            for nw in (n for n in NW if (n - 1) * vw < out_w):
+            for nw in (n for n in NW if (n - 1) * vw < out_w and not (gemm_like and n == 1 and out_w >= 2 * vw)):
                 for rh in (r for r in RH if r <= out_h):
                     nv = rh * nw
                     mrs = [m for m in MR if m * nv + nv + 1 <= regs and m <= g.oc
