@@ -179,6 +179,15 @@ def test_1x1_gemms_put_channels_on_the_lanes_where_pixel_columns_waste_lanes(x, 
     assert conv2d.default_config(task, preset("x86-64-avx512")).knobs["axis"] == axis
 
 
+@pytest.mark.parametrize("x,w,stride,par", [((1, 288, 35, 35), (384, 288, 3, 3), 2, "oc"),
+                                            ((1, 192, 17, 17), (320, 192, 3, 3), 2, "oc"),
+                                            ((1, 64, 56, 56), (64, 64, 3, 3), 1, "oh")])
+def test_threads_split_channel_blocks_where_row_items_would_re_read_large_weights(x, w, stride, par):
+    """Row items walk every channel tile: with weights over half of L2 that re-reads them once per output row."""
+    task = conv2d.conv2d_task(x, w, (stride, stride), (0, 0, 0, 0) if stride == 2 else (1, 1, 1, 1))
+    assert conv2d.default_config(task, preset("x86-64-avx512")).knobs["par"] == par
+
+
 @pytest.mark.parametrize("x,oc", [((1, 240, 28, 28), 40), ((1, 2048, 8, 8), 448), ((1, 64, 73, 73), 80)])
 def test_1x1_gemm_column_tiles_are_two_vectors_wide_or_more(x, oc):
     """One-vector tiles load a weight per FMA: 24 x 1 ran EfficientNet-B0's 240x28x28 -> 40 at 86 GFLOPS, 12 x 2
