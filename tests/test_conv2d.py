@@ -299,9 +299,9 @@ def test_defaults_pick_the_vector_axis_and_the_flat_grid():
         return conv2d.default_config(conv2d.conv2d_task(x, w, (s, s), (1, 1, 1, 1)), target).knobs
 
     for x, w, s in (((1, 64, 56, 56), (64, 64, 3, 3), 1), ((1, 128, 28, 28), (128, 128, 3, 3), 1),
-                    ((1, 128, 56, 56), (128, 128, 3, 3), 2)):  # 16 channels x 2 rows x 14 pixels, one channel block
+                    ((1, 128, 56, 56), (128, 128, 3, 3), 2)):  # 32 channels x 14 pixels, one channel block
         assert {k: default(x, w, s)[k] for k in ("axis", "vw", "mr", "nw", "rh", "flat", "icb")} == \
-            {"axis": "oc", "vw": 16, "mr": 16, "nw": 1, "rh": 2, "flat": 0, "icb": x[1]}
+            {"axis": "oc", "vw": 16, "mr": 32, "nw": 1, "rh": 1, "flat": 0, "icb": x[1]}
     zen4, full = preset("x86-64-avx512").model_copy(update={"cpu": "znver4"}), preset("x86-64-avx512")
     assert default((1, 8, 28, 28), (64, 8, 3, 3), target=zen4)["flat"] == 1  # 28 of 32 lanes in rows; 784 of 840 flat
     assert default((1, 8, 56, 56), (64, 8, 3, 3), target=zen4)["flat"] == 0  # 56 columns fill 7 half vectors exactly

@@ -286,11 +286,13 @@ def _rows_restream_weights(g: ConvGeom, target: Target, row_items: int, blocks: 
 
 def _oc_tile(task: TuningTask, target: Target) -> tuple[int, int, int, int, int] | None:
     """The channel-vector tile (vw, mr, nw, rh, flat), if any fits, that computes the fewest outputs for nothing
-    and keeps about 24-28 accumulators, with one channel vector where that suffices: on ResNet's 3x3
-    layers 16 channels x 2 rows x 14 pixels measured 0.99-1.11x onnxruntime, 32 channels x 14
-    pixels (fewer loads per FMA) 0.93-1.05x, 16 x 16 grid pixels (the previous default) 0.86-1.08x. A 1x1
-    conv breaks a tie toward one row of up to 32 pixels rather than rows of 16: 1x1 stride-2 256x56x56 -> 512
-    1.6x, 256x56x56 -> 64 1.1x on Emerald Rapids."""
+    and keeps about 24-28 accumulators; then, for a window, the fewest loads per FMA (a broadcast pixel is a
+    load): on ResNet-50's 3x3 layers 32 channels x 14 pixels ran 1.21-1.29x onnxruntime's time where 16 channels x
+    2 rows x 14 pixels (one weight vector, 28 broadcasts per 28 FMAs) ran 1.52-1.68x (Emerald Rapids, 1 thread,
+    interleaved; 1.11-1.27x against 1.27-1.48x at 2 threads; Zen 5 had them at 0.93-1.05x and 0.99-1.11x), and
+    DenseNet-121's 128 -> 32 3x3 layers 0.69-1.01x against 0.91-1.19x. A 1x1 conv keeps one channel vector
+    where that suffices and breaks a tie toward one row of up to 32 pixels rather than rows of 16: 1x1
+    stride-2 256x56x56 -> 512 1.6x, 256x56x56 -> 64 1.1x on Emerald Rapids."""
     g = geom(task)
     lanes, regs = target.vector_lanes, target.vector_registers
     one_by_one = int(g.kh * g.kw == 1)
@@ -306,7 +308,9 @@ def _oc_tile(task: TuningTask, target: Target) -> tuple[int, int, int, int, int]
                     eff = g.oc * g.oh * g.ow / computed
                     fill = min(1.0, p.accumulators / 24)
                     intensity = p.accumulators / (mr // lanes + rh * p.tile_w)
-                    score = (round(eff * fill, 2), -(mr // lanes), round(intensity, 2), -rh * one_by_one, -flat)
+                    lean = (-(mr // lanes), round(intensity, 2))
+                    lean = lean if one_by_one else lean[::-1]
+                    score = (round(eff * fill, 2), *lean, -rh * one_by_one, -flat)
                     if best is None or score > best[0]:
                         best = (score, (lanes, mr, nw, rh, flat))
     return None if best is None else best[1]
