@@ -171,10 +171,12 @@ def test_column_tiles_take_full_width_vectors_on_full_rate_avx512(x, w, stride, 
 @pytest.mark.parametrize("x,oc,axis", [((1, 64, 14, 14), 384, "oc"), ((1, 768, 17, 17), 192, "oc"),
                                        ((1, 96, 14, 14), 576, "oc"), ((1, 64, 56, 56), 256, "w"),
                                        ((1, 16, 14, 14), 96, "w"), ((1, 32, 28, 28), 192, "w"),
-                                       ((1, 512, 28, 28), 256, "w"), ((1, 2048, 8, 8), 448, "w")])
+                                       ((1, 512, 28, 28), 256, "w"), ((1, 2048, 8, 8), 448, "w"),
+                                       ((1, 192, 35, 35), 48, "w"), ((1, 192, 35, 35), 64, "oc")])
 def test_1x1_gemms_put_channels_on_the_lanes_where_pixel_columns_waste_lanes(x, oc, axis):
     """Channel vectors from 32 input channels on 14x14 and 17x17 images (column tiles fill 88-90% of their
-    lanes there), not where the image fills whole 32-pixel tiles (8x8, 28x28)."""
+    lanes there), not where the image fills whole 32-pixel tiles (8x8, 28x28), nor where one channel vector
+    would broadcast two rows of pixels per weight load (48 channels on 35x35)."""
     task = conv2d.conv2d_task(x, (oc, x[1], 1, 1))
     assert conv2d.default_config(task, preset("x86-64-avx512")).knobs["axis"] == axis
 

@@ -182,6 +182,10 @@ def default_config(task: TuningTask, target: Target) -> Config:
         and (g.oc % lanes == 0 or g.oc >= 4 * lanes) and not columns_fill  # 24 channels: 0.59x
     oc_tile = _oc_tile(task, target) if lanes >= 16 and g.groups == 1 and g.oc >= lanes \
         and (gemm_ok if g.is_1x1_gemm else g.icg >= OC_AXIS_MIN_IC) else None
+    if oc_tile is not None and g.is_1x1_gemm and oc_tile[1] == lanes and oc_tile[3] > 1:
+        # one weight vector per rows x pixels broadcasts: Inception-v3's 192-288x35x35 -> 48 as 16 channels x 2
+        # rows x 12 pixels ran 82-104 GFLOPS, as 12-channel x 2-vector column tiles 133-142 (Emerald Rapids)
+        oc_tile = None
     if oc_tile is not None:
         tiles.append(("oc", *oc_tile))
     dw_tile = _depthwise_tile(task, target)
