@@ -54,11 +54,10 @@ def test_cooldown_sleeps_between_repeats_and_flush_evicts_caches(host):
     build = build_of("ok", host)
     cooled = run_in_process(build, number=1, repeat=3, min_repeat_ms=0, cooldown_ms=100)
     assert cooled.run_s >= 0.2 and len(cooled.costs) == 3
-    # minima: a busy host only adds time, so the fastest call of each state is the one to compare (medians
-    # came out 1.23x apart on a loaded machine, where the flush still cost every cold call its misses)
-    warm = min(run_in_process(build, number=1, repeat=15, min_repeat_ms=0).costs)
-    cold = min(run_in_process(build, number=1, repeat=15, min_repeat_ms=0, cache="cold").costs)
-    assert cold > 1.15 * warm
+    warm = statistics.median(run_in_process(build, number=1, repeat=9, min_repeat_ms=0).costs)
+    cold = statistics.median(run_in_process(build, number=1, repeat=9, min_repeat_ms=0,
+                                            cache="cold").costs)
+    assert cold > 1.15 * warm  # 1.3x failed once at 1.23x on a loaded host (3.1 vs 3.8 us); no flush gives ~1.0x
 
 
 def test_check_tolerates_float32_reduction_error_but_not_a_wrong_value():
