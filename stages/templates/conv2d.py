@@ -191,13 +191,12 @@ def default_config(task: TuningTask, target: Target) -> Config:
     dw_tile = _depthwise_tile(task, target)
     # A 1x1 GEMM's flat grid in one-vector tiles broadcasts a weight per FMA and loads little else: load-bound
     # (EfficientNet-B0's 240x28x28 -> 40: 24 channels x 1 vector 86 GFLOPS, 12 x 2 100, 6 x 4 103).
-    gemm_like = g.is_1x1_gemm
     best: tuple | None = None
     for flat in FLAT:
         p = plan(task, {**PROBE, "vw": lanes, "flat": flat})
         out_h, out_w = p.out_h, p.out_w
         for vw in (v for v in VW if v in (lanes, lanes // 2)):
-            for nw in (n for n in NW if (n - 1) * vw < out_w and not (gemm_like and n == 1 and out_w >= 2 * vw)):
+            for nw in (n for n in NW if (n - 1) * vw < out_w and not (g.is_1x1_gemm and n == 1 and out_w >= 2 * vw)):
                 for rh in (r for r in RH if r <= out_h):
                     nv = rh * nw
                     mrs = [m for m in MR if m * nv + nv + 1 <= regs and m <= g.oc
